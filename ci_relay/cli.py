@@ -1,0 +1,340 @@
+"""The ``ci-relay`` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from ci_relay.sample_upstream import SampleUpstreamError, build_sample_upstream
+from ci_relay.spec_run import (
+    BAD_OUTCOMES,
+    EXIT_BAD_INPUT,
+    OUTCOMES,
+    RunResult,
+    TestOutcome,
+    pytest_args,
+    run_pytest,
+)
+from reuse_specs.backends import BACKENDS, Backend, UnknownBackend, get_backend
+from reuse_specs.errors import SpecErrors
+from reuse_specs.loader import LoadedSpec, load_specs
+from reuse_specs.upstream_check import check_against_upstream
+
+BUNDLED_SPECS = Path(__file__).resolve().parent.parent / "reuse_specs" / "specs"
+
+app = typer.Typer(
+    help="Run the upstream PyTorch tests that matter for an out-of-tree backend.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+specs_app = typer.Typer(help="Validate and inspect reuse specs.", no_args_is_help=True)
+app.add_typer(specs_app, name="specs")
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+UpstreamOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--upstream",
+        help="PyTorch checkout (or sample upstream); sets ${TORCH_ROOT}. Default: $TORCH_ROOT.",
+    ),
+]
+BackendOpt = Annotated[
+    str, typer.Option("--backend", help=f"Backend profile: {', '.join(sorted(BACKENDS))}.")
+]
+LabelOpt = Annotated[
+    str | None, typer.Option("--label", help="Run only tests whose labels include this one.")
+]
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def _spec_files(paths: list[Path]) -> list[Path]:
+    """Files as given; directories expand to the YAML files below them."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(p for p in path.rglob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+        else:
+            files.append(path)
+    return files
+
+
+def _relative(path: Path) -> Path:
+    """Shorter paths in messages when the file is below the working directory."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+def _report_spec_errors(exc: SpecErrors) -> None:
+    for error in exc.errors:
+        out.print(str(error), markup=False, soft_wrap=True)
+
+
+def _upstream_dir(upstream: Path | None) -> Path:
+    if upstream is None and os.environ.get("TORCH_ROOT"):
+        upstream = Path(os.environ["TORCH_ROOT"])
+    if upstream is None:
+        raise _fail("no upstream tree: pass --upstream DIR or set TORCH_ROOT")
+    if not upstream.is_dir():
+        raise _fail(f"upstream {upstream} is not a directory")
+    return upstream.resolve()
+
+
+def _load_for_run(
+    specs: list[Path], upstream: Path | None, backend: str
+) -> tuple[LoadedSpec, Backend, Path]:
+    root = _upstream_dir(upstream)
+    try:
+        profile = get_backend(backend)
+        loaded = load_specs(_spec_files(specs), root)
+        check_against_upstream(loaded)
+    except UnknownBackend as exc:
+        raise _fail(str(exc)) from None
+    except SpecErrors as exc:
+        _report_spec_errors(exc)
+        raise _fail(f"{len(exc.errors)} error(s) in the spec; nothing was run") from None
+    return loaded, profile, root
+
+
+@specs_app.command("check")
+def specs_check(
+    paths: Annotated[list[Path], typer.Argument(help="Spec files or folders of them.")],
+    upstream: UpstreamOpt = None,
+) -> None:
+    """Validate spec files; with an upstream tree also check paths, globs and test names.
+
+    Prints every error as FILE:LINE:COL and exits 1 when there is any.
+    """
+    files = _spec_files(paths)
+    if not files:
+        raise _fail("no spec files found")
+    if upstream is not None and not upstream.is_dir():
+        raise _fail(f"upstream {upstream} is not a directory")
+    try:
+        loaded = load_specs(files, upstream)
+        if loaded.upstream is not None:
+            check_against_upstream(loaded)
+    except SpecErrors as exc:
+        _report_spec_errors(exc)
+        err.print(f"[red]{len(exc.errors)} error(s)[/] in {len(files)} spec file(s)")
+        raise typer.Exit(1) from None
+    for where in loaded.opaque_inputs:
+        out.print(
+            f"{where}: note: input-generation blocks are accepted but not applied by ci-relay",
+            markup=False,
+        )
+    tests = sum(len(f.rules) for f in loaded.files)
+    scope = (
+        f"against {loaded.upstream}"
+        if loaded.upstream
+        else "structure only (pass --upstream to check paths and test names)"
+    )
+    out.print(
+        f"[green]OK[/] {len(files)} spec file(s), {len(loaded.files)} file entries, "
+        f"{tests} test entries; {scope}"
+    )
+
+
+@specs_app.command("show")
+def specs_show(
+    specs: Annotated[list[Path], typer.Argument(help="Spec files or folders of them.")],
+    upstream: UpstreamOpt = None,
+    backend: BackendOpt = "cpu",
+    label: LabelOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List every test variant the spec covers, with its mode and why (collects, runs nothing)."""
+    loaded, profile, root = _load_for_run(specs, upstream, backend)
+    spec_files = _spec_files(specs)
+    with err.status("collecting upstream tests…"):
+        result, decided = run_pytest(
+            lambda ini: pytest_args(
+                spec_files, loaded, root, profile, ini, label=label, collect_only=True
+            ),
+            root,
+        )
+    if result.collection_errors:
+        for problem in result.collection_errors:
+            err.print(problem, markup=False)
+        raise _fail("could not collect the upstream tests", 3)
+    if as_json:
+        rows = [
+            {
+                "nodeid": nodeid,
+                "class": variant.class_name,
+                "test": variant.test_name,
+                "op": variant.op,
+                "module": variant.module,
+                "dtype": variant.dtype,
+                "mode": decision.mode.value,
+                "reason": decision.reason,
+                "tags": list(decision.tags),
+                "precision": decision.precision.model_dump() if decision.precision else None,
+            }
+            for nodeid, variant, decision in decided
+        ]
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"{len(decided)} test variants on backend {profile.name}")
+    table.add_column("test")
+    table.add_column("mode")
+    table.add_column("why", overflow="fold")
+    for nodeid, _variant, decision in decided:
+        table.add_row(nodeid, decision.mode.value, decision.reason)
+    out.print(table)
+
+
+_SHORT = {
+    "passed": "pass",
+    "failed": "fail",
+    "xfailed": "xfail",
+    "xpassed": "xpass",
+    "xpass_strict": "xpass!",
+    "skipped": "skip",
+}
+
+
+def _summary(result: RunResult) -> None:
+    counts = result.counts
+    modes = sorted({o.mode or "-" for o in result.outcomes})
+    table = Table(
+        title="results by spec mode",
+        caption="xpass! = unexpected pass of an xfail_strict test",
+    )
+    table.add_column("mode", no_wrap=True)
+    for name in OUTCOMES:
+        table.add_column(_SHORT.get(name, name), justify="right")
+    for mode in modes:
+        per = [o.outcome for o in result.outcomes if (o.mode or "-") == mode]
+        table.add_row(mode, *(str(per.count(name) or "") for name in OUTCOMES))
+    table.add_row("[bold]total", *(f"[bold]{counts.get(name, 0)}" for name in OUTCOMES))
+    out.print(table)
+    for problem in result.problems:
+        out.print(
+            f"[red]{problem.outcome.upper()}[/] {problem.nodeid} "
+            f"(mode {problem.mode}): {problem.message}",
+            markup=True,
+            soft_wrap=True,
+        )
+    for collect_error in result.collection_errors:
+        out.print(f"[red]COLLECTION ERROR[/] {collect_error}", soft_wrap=True)
+
+
+def run_specs(
+    specs: list[Path],
+    upstream: Path | None,
+    backend: str,
+    junit: Path | None,
+    label: str | None,
+) -> RunResult:
+    """Validate, run with progress, print the summary; the body of ``ci-relay run``."""
+    loaded, profile, root = _load_for_run(specs, upstream, backend)
+    spec_files = _spec_files(specs)
+    if junit is not None:
+        junit.parent.mkdir(parents=True, exist_ok=True)
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+    )
+    task = progress.add_task(f"{profile.name}: collecting", total=None)
+
+    def on_total(total: int) -> None:
+        progress.update(task, total=total, description=f"{profile.name}: running")
+
+    def on_outcome(outcome: TestOutcome) -> None:
+        progress.advance(task)
+        if outcome.outcome in BAD_OUTCOMES:
+            progress.console.print(
+                f"[red]{outcome.outcome.upper()}[/] {outcome.nodeid}", soft_wrap=True
+            )
+
+    with progress:
+        result, _ = run_pytest(
+            lambda ini: pytest_args(spec_files, loaded, root, profile, ini, junit, label),
+            root,
+            on_total,
+            on_outcome,
+        )
+    result.junit = junit
+    _summary(result)
+    if junit is not None:
+        out.print(f"JUnit XML: {junit}")
+    return result
+
+
+@app.command("run")
+def run(
+    spec: Annotated[list[Path], typer.Option("--spec", help="Spec file or folder; repeatable.")],
+    upstream: UpstreamOpt = None,
+    backend: BackendOpt = "cpu",
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
+    label: LabelOpt = None,
+) -> None:
+    """Run the upstream tests a spec covers on a backend.
+
+    Exit 0 when every variant behaved as its mode says; 1 on a must-pass failure,
+    an error, or an unexpected pass of xfail_strict; 2 on bad input (nothing
+    run); 3 when tests could not be collected; 4 when nothing was selected.
+    """
+    result = run_specs(spec, upstream, backend, junit, label)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command("sample-upstream")
+def sample_upstream(
+    dest: Annotated[Path, typer.Argument(help="Folder to create (absent or empty).")],
+    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty folder.")] = False,
+) -> None:
+    """Build a small git repository laid out like PyTorch, with several commits of history."""
+    try:
+        sample = build_sample_upstream(dest, force=force)
+    except SampleUpstreamError as exc:
+        raise _fail(str(exc)) from None
+    out.print(f"sample upstream at {sample.path}")
+    for commit in sample.commits:
+        out.print(f"  {commit.sha[:12]} {commit.message}", markup=False)
+
+
+@app.command("demo")
+def demo(
+    workdir: Annotated[
+        Path, typer.Option("--workdir", help="Where the sample upstream and results go.")
+    ] = Path(".ci-relay/demo"),
+) -> None:
+    """Build the sample upstream and run the bundled Spyre specs on it with the cpu backend."""
+    try:
+        sample = build_sample_upstream(workdir / "upstream", force=True)
+    except SampleUpstreamError as exc:
+        raise _fail(str(exc)) from None
+    out.print(f"sample upstream: {sample.path} (head {sample.head[:12]})")
+    specs = [_relative(p) for p in sorted(BUNDLED_SPECS.glob("*.yaml"))]
+    out.print("specs: " + ", ".join(p.name for p in specs))
+    result = run_specs(specs, sample.path, "cpu", workdir / "junit.xml", None)
+    verdict = "as the specs expect" if result.exit_code == 0 else "NOT as the specs expect"
+    out.print(f"[bold]{len(result.outcomes)} test variants ran {verdict}[/]")
+    raise typer.Exit(result.exit_code)

@@ -1,0 +1,192 @@
+"""Run (or only collect) upstream tests under reuse specs in an in-process pytest session.
+
+The same plugin does the work in CI and locally; this module only builds the
+pytest command line, shows progress and turns reports into typed results.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from reuse_specs.backends import Backend
+from reuse_specs.loader import LoadedSpec
+from reuse_specs.matching import Decision, TestVariant
+from reuse_specs.pytest_plugin import PLUGIN_NAME, ReuseSpecSession
+
+EXIT_OK = 0
+EXIT_TESTS_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INFRASTRUCTURE = 3
+EXIT_NOTHING_SELECTED = 4
+
+OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "xpass_strict", "skipped", "error")
+BAD_OUTCOMES = frozenset({"failed", "xpass_strict", "error"})
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    """One test variant's result, with the mode the spec gave it."""
+
+    __test__ = False
+
+    nodeid: str
+    outcome: str
+    mode: str | None
+    duration: float
+    message: str = ""
+
+
+@dataclass
+class RunResult:
+    outcomes: list[TestOutcome] = field(default_factory=list)
+    collection_errors: list[str] = field(default_factory=list)
+    pytest_exit: int = 0
+    junit: Path | None = None
+
+    @property
+    def counts(self) -> Counter[str]:
+        return Counter(o.outcome for o in self.outcomes)
+
+    @property
+    def problems(self) -> list[TestOutcome]:
+        return [o for o in self.outcomes if o.outcome in BAD_OUTCOMES]
+
+    @property
+    def exit_code(self) -> int:
+        if self.collection_errors or self.pytest_exit in (
+            pytest.ExitCode.INTERNAL_ERROR,
+            pytest.ExitCode.USAGE_ERROR,
+            pytest.ExitCode.INTERRUPTED,
+        ):
+            return EXIT_INFRASTRUCTURE
+        if not self.outcomes:
+            return EXIT_NOTHING_SELECTED
+        return EXIT_TESTS_FAILED if self.problems else EXIT_OK
+
+
+def _classify(report: pytest.TestReport) -> str:
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.failed:
+        if report.when != "call":
+            return "error"
+        return "xpass_strict" if "XPASS(strict)" in report.longreprtext else "failed"
+    return "skipped" if report.skipped else "passed"
+
+
+def _short_message(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        return str(crash.message).splitlines()[0][:300]
+    if isinstance(report.longrepr, tuple):  # skip: (path, line, reason)
+        return str(report.longrepr[2])[:300]
+    return report.longreprtext.strip().splitlines()[-1][:300] if report.longreprtext else ""
+
+
+class _ResultCollector:
+    """pytest plugin object that records outcomes and feeds a progress callback."""
+
+    def __init__(
+        self,
+        result: RunResult,
+        on_total: Callable[[int], None],
+        on_outcome: Callable[[TestOutcome], None],
+    ) -> None:
+        self.result = result
+        self.on_total = on_total
+        self.on_outcome = on_outcome
+        self.decided: list[tuple[str, TestVariant, Decision]] = []
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.result.collection_errors.append(f"{report.nodeid}: {report.longreprtext}")
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        spec_session = session.config.pluginmanager.get_plugin(PLUGIN_NAME)
+        if isinstance(spec_session, ReuseSpecSession):
+            self.decided = spec_session.decided
+        self.on_total(len(session.items))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        final = report.when == "call" or (report.when == "setup" and not report.passed)
+        if report.when == "teardown" and report.failed:
+            final = True
+        if not final:
+            return
+        mode = dict(report.user_properties).get("reuse_spec.mode")
+        outcome = TestOutcome(
+            nodeid=report.nodeid,
+            outcome=_classify(report),
+            mode=str(mode) if mode is not None else None,
+            duration=report.duration,
+            message="" if report.passed else _short_message(report),
+        )
+        self.result.outcomes.append(outcome)
+        self.on_outcome(outcome)
+
+
+@contextmanager
+def _ini_for(upstream: Path) -> Iterator[Path]:
+    """The upstream's own pytest.ini when it has one, else an empty one (never ours)."""
+    own = upstream / "pytest.ini"
+    if own.is_file():
+        yield own
+        return
+    with tempfile.TemporaryDirectory(prefix="ci-relay-ini-") as tmp:
+        ini = Path(tmp) / "pytest.ini"
+        ini.write_text("[pytest]\n", encoding="utf-8")
+        yield ini
+
+
+def pytest_args(
+    spec_paths: list[Path],
+    spec: LoadedSpec,
+    upstream: Path,
+    backend: Backend,
+    ini: Path,
+    junit: Path | None = None,
+    label: str | None = None,
+    collect_only: bool = False,
+) -> list[str]:
+    """The pytest command line ``ci-relay run`` uses; usable as-is for a local rerun."""
+    args = [str(p) for p in spec.test_files()]
+    args += ["-p", "reuse_specs.pytest_plugin"]
+    for path in spec_paths:
+        args += ["--reuse-spec", str(path)]
+    args += ["--reuse-backend", backend.name, "--reuse-upstream", str(upstream)]
+    if label:
+        args += ["--reuse-label", label]
+    args += ["-c", str(ini), "--rootdir", str(upstream), "-p", "no:cacheprovider"]
+    args += ["-o", "junit_family=xunit2", "-p", "no:terminal"]
+    if junit is not None:
+        args += ["--junitxml", str(junit)]
+    if collect_only:
+        args.append("--collect-only")
+    return args
+
+
+def run_pytest(
+    args_for: Callable[[Path], list[str]],
+    upstream: Path,
+    on_total: Callable[[int], None] = lambda _n: None,
+    on_outcome: Callable[[TestOutcome], None] = lambda _o: None,
+) -> tuple[RunResult, list[tuple[str, TestVariant, Decision]]]:
+    """Run pytest in this process without writing caches or bytecode into the upstream tree."""
+    result = RunResult()
+    collector = _ResultCollector(result, on_total, on_outcome)
+    saved = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        with _ini_for(upstream) as ini:
+            result.pytest_exit = int(pytest.main(args_for(ini), plugins=[collector]))
+    finally:
+        sys.dont_write_bytecode = saved
+    return result, collector.decided

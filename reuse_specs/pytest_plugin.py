@@ -1,0 +1,216 @@
+"""pytest plugin that applies reuse specs to upstream PyTorch test files.
+
+Load it with ``-p reuse_specs.pytest_plugin --reuse-spec FILE``; without
+``--reuse-spec`` it does nothing. Upstream files are never edited: modes
+become pytest marks at collection time and the few runtime edits (precision,
+``no_grad``, ``cpu_move``) are applied to the test-case instance around the
+call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reuse_specs.backends import Backend, UnknownBackend, get_backend
+from reuse_specs.dtypes import dtype_name_of
+from reuse_specs.errors import SpecErrors
+from reuse_specs.loader import LoadedSpec, load_specs
+from reuse_specs.matching import Decision, TestVariant, decide
+from reuse_specs.modes import Mode
+from reuse_specs.schema import Precision
+
+DECISION_KEY = pytest.StashKey[Decision]()
+VARIANT_KEY = pytest.StashKey[TestVariant]()
+PLUGIN_NAME = "reuse-spec-session"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("reuse-spec", "apply reuse specs (torch-spyre test suite configs)")
+    group.addoption(
+        "--reuse-spec",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="spec file to apply; repeat to merge several",
+    )
+    group.addoption("--reuse-backend", default="cpu", metavar="NAME", help="backend profile")
+    group.addoption(
+        "--reuse-upstream",
+        default=None,
+        metavar="DIR",
+        help="upstream PyTorch checkout (sets ${TORCH_ROOT}); default: $TORCH_ROOT",
+    )
+    group.addoption(
+        "--reuse-label",
+        default=None,
+        metavar="LABEL",
+        help="run only tests whose labels include LABEL (others are skipped)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    spec_paths = config.getoption("reuse_spec")
+    if not spec_paths:
+        return
+    upstream_opt = config.getoption("reuse_upstream")
+    try:
+        backend = get_backend(config.getoption("reuse_backend"))
+        spec = load_specs(
+            [Path(p) for p in spec_paths], Path(upstream_opt) if upstream_opt else None
+        )
+    except (SpecErrors, UnknownBackend) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    # PyTorch's device-generic framework reads these when test modules import it.
+    os.environ.update(backend.env)
+    tags = {tag for f in spec.files for r in f.rules for tag in r.entry.tags}
+    tags |= {
+        tag
+        for f in spec.files
+        for r in f.rules
+        for include in r.entry.edits.ops.include
+        for tag in include.tags
+    }
+    for tag in sorted(tags):
+        config.addinivalue_line("markers", f"{tag}: reuse-spec tag")
+    config.pluginmanager.register(
+        ReuseSpecSession(spec, backend, config.getoption("reuse_label")), PLUGIN_NAME
+    )
+
+
+def _is_device_class(cls: type) -> bool:
+    return any(base.__name__ == "DeviceTypeTestBase" for base in cls.__mro__)
+
+
+def _module_name(module_info: Any) -> str | None:
+    name = getattr(module_info, "name", None)
+    return f"torch.{name}" if isinstance(name, str) and name.startswith("nn.") else name
+
+
+def variant_of(item: pytest.Item, backend: Backend) -> TestVariant:
+    """Name an instantiated upstream test the way spec files name it."""
+    path = Path(str(item.path)).resolve()
+    cls = getattr(item, "cls", None)
+    if cls is None:
+        return TestVariant(path, None, getattr(item, "originalname", item.name))
+    func = vars(cls).get(item.name)
+    if func is None:
+        func = getattr(cls, item.name, None)
+    generic = getattr(func, "__name__", item.name)
+    defaults = getattr(func, "__defaults__", None) or ()
+    params: dict[str, Any] = defaults[0] if defaults and isinstance(defaults[0], dict) else {}
+    class_name = cls.__name__
+    if _is_device_class(cls) and class_name.endswith(backend.class_suffix):
+        class_name = class_name[: -len(backend.class_suffix)]
+    op = params.get("op")
+    dtype = params.get("dtype")
+    return TestVariant(
+        file=path,
+        class_name=class_name,
+        test_name=generic,
+        op=getattr(op, "name", None) if op is not None else None,
+        module=_module_name(params.get("module_info")),
+        dtype=dtype_name_of(dtype) if dtype is not None else None,
+    )
+
+
+def _override_precision(instance: Any, precision: Precision) -> None:
+    """Make the spec's tolerance win over upstream defaults and decorators."""
+
+    def apply() -> None:
+        if precision.atol is not None:
+            instance.precision = precision.atol
+        if precision.rtol is not None:
+            instance.rel_tol = precision.rtol
+
+    upstream_apply: Callable[..., None] | None = getattr(
+        instance, "_apply_precision_override_for_test", None
+    )
+    if upstream_apply is not None:
+
+        def patched(*args: Any, **kwargs: Any) -> None:
+            upstream_apply(*args, **kwargs)
+            apply()
+
+        instance._apply_precision_override_for_test = patched
+    apply()
+
+
+def _move_tensor_args_to_cpu(instance: Any, method_name: str) -> None:
+    import torch
+    from torch.utils._pytree import tree_map
+
+    original = getattr(instance, method_name, None)
+    if original is None:
+        return
+
+    def to_cpu(value: Any) -> Any:
+        return value.cpu() if isinstance(value, torch.Tensor) else value
+
+    def moved(*args: Any, **kwargs: Any) -> Any:
+        return original(*tree_map(to_cpu, args), **tree_map(to_cpu, kwargs))
+
+    setattr(instance, method_name, moved)
+
+
+class ReuseSpecSession:
+    """Per-session state: the merged spec, the backend and every decision made."""
+
+    def __init__(self, spec: LoadedSpec, backend: Backend, label: str | None) -> None:
+        self.spec = spec
+        self.backend = backend
+        self.label = label
+        self.decided: list[tuple[str, TestVariant, Decision]] = []
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            variant = variant_of(item, self.backend)
+            decision = decide(self.spec, variant, self.label)
+            if decision is None:
+                continue
+            item.stash[VARIANT_KEY] = variant
+            item.stash[DECISION_KEY] = decision
+            self.decided.append((item.nodeid, variant, decision))
+            self._mark(item, decision)
+
+    @staticmethod
+    def _mark(item: pytest.Item, decision: Decision) -> None:
+        item.user_properties.append(("reuse_spec.mode", decision.mode.value))
+        item.user_properties.append(("reuse_spec.reason", decision.reason))
+        for tag in decision.tags:
+            item.add_marker(getattr(pytest.mark, tag))
+            item.user_properties.append(("reuse_spec.tag", tag))
+        if decision.mode is Mode.SKIP:
+            item.add_marker(pytest.mark.skip(reason=f"reuse spec: {decision.reason}"))
+        elif decision.mode in (Mode.XFAIL, Mode.XFAIL_STRICT):
+            item.add_marker(
+                pytest.mark.xfail(
+                    reason=f"reuse spec: {decision.reason}",
+                    strict=decision.mode is Mode.XFAIL_STRICT,
+                )
+            )
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
+        decision = item.stash.get(DECISION_KEY, None)
+        if decision is None or not (decision.precision or decision.no_grad or decision.cpu_move):
+            return (yield)
+        instance = getattr(item, "instance", None) or getattr(item, "_testcase", None)
+        if instance is not None:
+            if decision.precision is not None:
+                _override_precision(instance, decision.precision)
+            for name in decision.cpu_move:
+                _move_tensor_args_to_cpu(instance, name)
+        grad_ctx: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+        if decision.no_grad:
+            import torch
+
+            grad_ctx = torch.no_grad()
+        with grad_ctx:
+            return (yield)

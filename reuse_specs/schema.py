@@ -1,0 +1,196 @@
+"""Pydantic models of torch-spyre's ``test_suite_config`` YAML format.
+
+Field names, defaults and nesting follow the format as torch-spyre's configs
+use it, so existing files load unchanged. Differences are deliberate and
+stricter: every mapping rejects unknown keys, dtype names are checked against
+torch's, and modes are a closed set.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from reuse_specs.dtypes import canonical_dtype, unknown_dtype_message
+from reuse_specs.modes import MODE_NAMES, Mode
+
+
+def _dtype_name(value: str) -> str:
+    canonical = canonical_dtype(value)
+    if canonical is None:
+        raise ValueError(unknown_dtype_message(value))
+    return canonical
+
+
+def _mode(value: Any) -> Any:
+    if isinstance(value, str) and value not in {m.value for m in Mode}:
+        raise ValueError(f"unknown mode {value!r} (expected one of: {MODE_NAMES})")
+    return value
+
+
+def _as_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+def _test_name(value: str) -> str:
+    parts = value.split("::")
+    if len(parts) > 2 or not all(p.strip() for p in parts):
+        raise ValueError(
+            f"invalid test name {value!r}: expected 'ClassName::test_name' or 'test_name' "
+            "(globs allowed in either part)"
+        )
+    return value
+
+
+DtypeName = Annotated[str, AfterValidator(_dtype_name)]
+ModeName = Annotated[Mode, BeforeValidator(_mode)]
+TestName = Annotated[str, AfterValidator(_test_name)]
+Opaque = dict[str, Any] | list[Any]
+"""Input-generation blocks ci-relay accepts but does not interpret (see README)."""
+
+
+class SpecModel(BaseModel):
+    """Base for every mapping in a spec: unknown keys are errors, values immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Precision(SpecModel):
+    atol: Annotated[float, Field(ge=0)] | None = None
+    rtol: Annotated[float, Field(ge=0)] | None = None
+
+
+class NamedItem(SpecModel):
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+
+
+class DtypeRef(SpecModel):
+    name: DtypeName
+    description: str | None = None
+
+
+class DtypeItem(SpecModel):
+    """A dtype with optional tolerance and forced xfail (supported_dtypes, edits includes)."""
+
+    name: DtypeName
+    description: str | None = None
+    precision: Precision | None = None
+    force_xfail: bool = False
+
+
+class OpInclude(SpecModel):
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    tags: list[str] = []
+    sample_inputs_func: Opaque | None = None
+
+
+class ModuleInclude(SpecModel):
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    module_path: str | None = None
+    apply_device_layout: bool = False
+    sample_inputs_func: Opaque | None = None
+    constructor_inputs: Opaque | None = None
+    forward_inputs: Opaque | None = None
+
+
+class OpsEdits(SpecModel):
+    include: list[OpInclude] = []
+    exclude: list[NamedItem] = []
+
+
+class DtypesEdits(SpecModel):
+    include: list[DtypeItem] = []
+    exclude: list[DtypeRef] = []
+
+
+class ModulesEdits(SpecModel):
+    include: list[ModuleInclude] = []
+    exclude: list[NamedItem] = []
+
+
+class FunctionsEdits(SpecModel):
+    cpu_move: list[NamedItem] = []
+    """Test-case methods (e.g. assertEqual) whose tensor arguments move to CPU first."""
+
+
+class TestEdits(SpecModel):
+    ops: OpsEdits = OpsEdits()
+    dtypes: DtypesEdits = DtypesEdits()
+    modules: ModulesEdits = ModulesEdits()
+    functions: FunctionsEdits = FunctionsEdits()
+
+
+class TestEntry(SpecModel):
+    __test__ = False  # not a pytest test class
+
+    names: Annotated[list[TestName], BeforeValidator(_as_list), Field(min_length=1)]
+    mode: ModeName = Mode.MANDATORY_SUCCESS
+    tags: list[str] = []
+    labels: list[str] = []
+    no_grad: bool = False
+    edits: TestEdits = TestEdits()
+
+
+class FileEntry(SpecModel):
+    path: Annotated[str, Field(min_length=1)]
+    unlisted_test_mode: ModeName = Mode.XFAIL
+    labels: list[str] = []
+    tests: list[TestEntry] = []
+
+
+class SupportedOpDtype(SpecModel):
+    name: DtypeName
+    description: str | None = None
+    precision: Precision | None = None
+
+
+def _named(value: Any) -> Any:
+    """Plain names in supported_ops / supported_modules mean ``{name: ...}``."""
+    if isinstance(value, list):
+        return [{"name": v} if isinstance(v, str) else v for v in value]
+    return value
+
+
+class SupportedOp(SpecModel):
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    force_xfail: bool = False
+    dtypes: list[SupportedOpDtype] = []
+
+
+class SupportedModule(SpecModel):
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    force_xfail: bool = False
+    dtypes: list[SupportedOpDtype] = []
+    constructor_inputs: Opaque | None = None
+    forward_inputs: Opaque | None = None
+
+
+class InputConfig(SpecModel):
+    seed: int | None = None
+
+
+class GlobalConfig(SpecModel):
+    supported_dtypes: list[DtypeItem] = []
+    supported_ops: Annotated[list[SupportedOp] | None, BeforeValidator(_named)] = None
+    supported_modules: Annotated[list[SupportedModule] | None, BeforeValidator(_named)] = None
+    input_config: InputConfig = InputConfig()
+
+
+class TestSuiteConfig(SpecModel):
+    __test__ = False
+
+    labels: list[str] = []
+    files: list[FileEntry] = []
+    global_: GlobalConfig = Field(default=GlobalConfig(), alias="global")
+
+
+class SpecFile(SpecModel):
+    """One YAML file: everything lives under ``test_suite_config``."""
+
+    test_suite_config: TestSuiteConfig

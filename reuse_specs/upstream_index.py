@@ -1,0 +1,47 @@
+"""The test names an upstream test file defines, read with ``ast`` (never imported).
+
+Enough for ``specs check`` to tell a misspelt test name from a real one in
+milliseconds, without torch installed.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class FileTests:
+    """Classes with their ``test*`` methods, plus module-level functions."""
+
+    classes: dict[str, frozenset[str]]
+    functions: frozenset[str]
+    syntax_error: str | None = None
+
+
+@lru_cache(maxsize=4096)
+def _index(path: Path, mtime_ns: int) -> FileTests:
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as exc:
+        return FileTests({}, frozenset(), f"line {exc.lineno}: {exc.msg}")
+    classes: dict[str, frozenset[str]] = {}
+    functions: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            classes[node.name] = frozenset(
+                item.name
+                for item in node.body
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+                and item.name.startswith("test")
+            )
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            functions.add(node.name)
+    return FileTests(classes, frozenset(functions))
+
+
+def index_test_file(path: Path) -> FileTests:
+    """Index one file; cached until the file changes."""
+    return _index(path, path.stat().st_mtime_ns)
