@@ -68,11 +68,11 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
 
 
 def _spec_files(paths: list[Path]) -> list[Path]:
-    """Files as given; directories expand to the YAML files below them."""
+    """Files as given; a directory stands for the YAML files directly in it."""
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            files += sorted(p for p in path.rglob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+            files += sorted(p for p in path.glob("*.y*ml") if p.suffix in (".yaml", ".yml"))
         else:
             files.append(path)
     return files

@@ -1,0 +1,84 @@
+"""Shared fixtures: a real sample upstream git repo, spec writers and the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ci_relay.sample_upstream import SampleUpstream, build_sample_upstream
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUNDLED_SPECS = REPO_ROOT / "reuse_specs" / "specs"
+
+
+@pytest.fixture(scope="session")
+def sample_upstream(tmp_path_factory: pytest.TempPathFactory) -> SampleUpstream:
+    return build_sample_upstream(tmp_path_factory.mktemp("sample") / "upstream")
+
+
+@pytest.fixture
+def write_spec(tmp_path: Path) -> Callable[..., Path]:
+    """Write a spec file from an indented YAML string; returns its path."""
+    counter = iter(range(1000))
+
+    def write(text: str, name: str | None = None) -> Path:
+        path = tmp_path / (name or f"spec{next(counter)}.yaml")
+        path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+        return path
+
+    return write
+
+
+@dataclass
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Callable[..., CliResult]:
+    """Run the real ``ci-relay`` command line in a subprocess."""
+
+    def run(*args: str | Path, env: dict[str, str] | None = None) -> CliResult:
+        full_env = {k: v for k, v in os.environ.items() if k != "TORCH_ROOT"}
+        full_env.update({"COLUMNS": "200", "PYTHONDONTWRITEBYTECODE": "1"})
+        full_env.update(env or {})
+        proc = subprocess.run(
+            [sys.executable, "-m", "ci_relay", *map(str, args)],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            cwd=tmp_path,
+            timeout=600,
+            check=False,
+        )
+        return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+    return run
+
+
+@pytest.fixture
+def tiny_upstream(tmp_path: Path) -> Callable[[dict[str, str]], Path]:
+    """A throwaway upstream tree with the given test files (relative path -> source)."""
+
+    def make(files: dict[str, str]) -> Path:
+        root = tmp_path / "tiny-upstream"
+        for rel, source in files.items():
+            target = root / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(textwrap.dedent(source).lstrip("\n"), encoding="utf-8")
+        return root
+
+    return make
