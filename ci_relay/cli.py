@@ -260,14 +260,17 @@ def run_specs(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=err,
+        auto_refresh=False,  # a refresh thread would compete with the tests for the GIL
     )
     task = progress.add_task(f"{profile.name}: collecting", total=None)
 
     def on_total(total: int) -> None:
         progress.update(task, total=total, description=f"{profile.name}: running")
+        progress.refresh()
 
     def on_outcome(outcome: TestOutcome) -> None:
         progress.advance(task)
+        progress.refresh()
         if outcome.outcome in BAD_OUTCOMES:
             progress.console.print(
                 f"[red]{outcome.outcome.upper()}[/] {outcome.nodeid}", soft_wrap=True

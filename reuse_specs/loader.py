@@ -13,6 +13,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +115,18 @@ class LoadedSpec:
                 seen.setdefault(path, None)
         return list(seen)
 
+    @cached_property
+    def _by_path(self) -> dict[Path, list[FileRules]]:
+        index: dict[Path, list[FileRules]] = {}
+        for entry in self.files:
+            for path in entry.resolved:
+                index.setdefault(path, []).append(entry)
+        return index
+
     def rules_for(self, path: Path) -> list[FileRules]:
-        resolved = path.resolve()
-        return [f for f in self.files if resolved in f.resolved]
+        """The ``files:`` entries covering an upstream file, in spec order."""
+        found = self._by_path.get(path)
+        return found if found is not None else self._by_path.get(path.resolve(), [])
 
 
 def _dotted(path: Sequence[str | int]) -> str:

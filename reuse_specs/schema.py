@@ -83,7 +83,7 @@ class DtypeItem(SpecModel):
 class OpInclude(SpecModel):
     name: Annotated[str, Field(min_length=1)]
     description: str | None = None
-    tags: list[str] = []
+    tags: list[str] = Field(default_factory=list)
     sample_inputs_func: Opaque | None = None
 
 
@@ -98,30 +98,30 @@ class ModuleInclude(SpecModel):
 
 
 class OpsEdits(SpecModel):
-    include: list[OpInclude] = []
-    exclude: list[NamedItem] = []
+    include: list[OpInclude] = Field(default_factory=list)
+    exclude: list[NamedItem] = Field(default_factory=list)
 
 
 class DtypesEdits(SpecModel):
-    include: list[DtypeItem] = []
-    exclude: list[DtypeRef] = []
+    include: list[DtypeItem] = Field(default_factory=list)
+    exclude: list[DtypeRef] = Field(default_factory=list)
 
 
 class ModulesEdits(SpecModel):
-    include: list[ModuleInclude] = []
-    exclude: list[NamedItem] = []
+    include: list[ModuleInclude] = Field(default_factory=list)
+    exclude: list[NamedItem] = Field(default_factory=list)
 
 
 class FunctionsEdits(SpecModel):
-    cpu_move: list[NamedItem] = []
+    cpu_move: list[NamedItem] = Field(default_factory=list)
     """Test-case methods (e.g. assertEqual) whose tensor arguments move to CPU first."""
 
 
 class TestEdits(SpecModel):
-    ops: OpsEdits = OpsEdits()
-    dtypes: DtypesEdits = DtypesEdits()
-    modules: ModulesEdits = ModulesEdits()
-    functions: FunctionsEdits = FunctionsEdits()
+    ops: OpsEdits = Field(default_factory=OpsEdits)
+    dtypes: DtypesEdits = Field(default_factory=DtypesEdits)
+    modules: ModulesEdits = Field(default_factory=ModulesEdits)
+    functions: FunctionsEdits = Field(default_factory=FunctionsEdits)
 
 
 class TestEntry(SpecModel):
@@ -129,17 +129,17 @@ class TestEntry(SpecModel):
 
     names: Annotated[list[TestName], BeforeValidator(_as_list), Field(min_length=1)]
     mode: ModeName = Mode.MANDATORY_SUCCESS
-    tags: list[str] = []
-    labels: list[str] = []
+    tags: list[str] = Field(default_factory=list)
+    labels: list[str] = Field(default_factory=list)
     no_grad: bool = False
-    edits: TestEdits = TestEdits()
+    edits: TestEdits = Field(default_factory=TestEdits)
 
 
 class FileEntry(SpecModel):
     path: Annotated[str, Field(min_length=1)]
     unlisted_test_mode: ModeName = Mode.XFAIL
-    labels: list[str] = []
-    tests: list[TestEntry] = []
+    labels: list[str] = Field(default_factory=list)
+    tests: list[TestEntry] = Field(default_factory=list)
 
 
 class SupportedOpDtype(SpecModel):
@@ -159,14 +159,14 @@ class SupportedOp(SpecModel):
     name: Annotated[str, Field(min_length=1)]
     description: str | None = None
     force_xfail: bool = False
-    dtypes: list[SupportedOpDtype] = []
+    dtypes: list[SupportedOpDtype] = Field(default_factory=list)
 
 
 class SupportedModule(SpecModel):
     name: Annotated[str, Field(min_length=1)]
     description: str | None = None
     force_xfail: bool = False
-    dtypes: list[SupportedOpDtype] = []
+    dtypes: list[SupportedOpDtype] = Field(default_factory=list)
     constructor_inputs: Opaque | None = None
     forward_inputs: Opaque | None = None
 
@@ -176,18 +176,18 @@ class InputConfig(SpecModel):
 
 
 class GlobalConfig(SpecModel):
-    supported_dtypes: list[DtypeItem] = []
+    supported_dtypes: list[DtypeItem] = Field(default_factory=list)
     supported_ops: Annotated[list[SupportedOp] | None, BeforeValidator(_named)] = None
     supported_modules: Annotated[list[SupportedModule] | None, BeforeValidator(_named)] = None
-    input_config: InputConfig = InputConfig()
+    input_config: InputConfig = Field(default_factory=InputConfig)
 
 
 class TestSuiteConfig(SpecModel):
     __test__ = False
 
-    labels: list[str] = []
-    files: list[FileEntry] = []
-    global_: GlobalConfig = Field(default=GlobalConfig(), alias="global")
+    labels: list[str] = Field(default_factory=list)
+    files: list[FileEntry] = Field(default_factory=list)
+    global_: GlobalConfig = Field(default_factory=GlobalConfig, alias="global")
 
 
 class SpecFile(SpecModel):

@@ -59,8 +59,11 @@ class YamlDocument:
         return SourceLocation(self.file, *mark) if mark else self.locate(path)
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader used only to compose nodes and construct safe scalars."""
+_BaseLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_BaseLoader):  # type: ignore[misc,valid-type]
+    """Safe loader (libyaml's when present) used to compose nodes and build safe scalars."""
 
 
 def _mark(node: Node) -> tuple[int, int]:
