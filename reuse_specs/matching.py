@@ -12,7 +12,7 @@ from pathlib import Path
 
 from reuse_specs.loader import FileRules, LoadedSpec, NamePattern, TestRule
 from reuse_specs.modes import Mode
-from reuse_specs.schema import Precision
+from reuse_specs.schema import Precision, SupportedModule, SupportedOp
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,11 @@ def find_rule(rules: FileRules, variant: TestVariant) -> tuple[TestRule, NamePat
                     return rule, pattern
                 globbed = globbed or (rule, pattern)
     return globbed
+
+
+def _bare_module(name: str) -> str:
+    """``torch.nn.Linear`` and ``nn.Linear`` name the same module."""
+    return name.removeprefix("torch.")
 
 
 def _skip(reason: str, listed: bool, tags: tuple[str, ...]) -> Decision:
@@ -125,44 +130,56 @@ def _apply_limits(
     forced: list[str] = []
     precision: Precision | None = None
 
+    dtype_included = (
+        edits is not None
+        and variant.dtype is not None
+        and variant.dtype in {d.name for d in edits.dtypes.include}
+    )
+    targets: list[
+        tuple[str, str, set[str], set[str], bool, SupportedOp | SupportedModule | None]
+    ] = []
     if variant.op is not None:
-        op = variant.op
-        if edits and op in {i.name for i in edits.ops.exclude}:
-            return _skip(f"op {op!r} excluded by the test's edits.ops", base.listed, tags)
-        included = edits is not None and op in {i.name for i in edits.ops.include}
-        supported = rules.supported_op(op)
-        if rules.global_config.supported_ops is not None and supported is None and not included:
-            return _skip(f"op {op!r} is not in global.supported_ops", base.listed, tags)
-        if supported and supported.force_xfail:
-            forced.append(f"op {op!r} has force_xfail")
-        if supported and variant.dtype and supported.dtypes:
-            op_dtype = next((d for d in supported.dtypes if d.name == variant.dtype), None)
-            if op_dtype is None and not (
-                edits and variant.dtype in {d.name for d in edits.dtypes.include}
-            ):
+        targets.append(
+            (
+                "op",
+                variant.op,
+                {i.name for i in edits.ops.exclude} if edits else set(),
+                {i.name for i in edits.ops.include} if edits else set(),
+                rules.global_config.supported_ops is not None,
+                rules.supported_op(variant.op),
+            )
+        )
+        if edits:
+            tags += tuple(t for i in edits.ops.include if i.name == variant.op for t in i.tags)
+    if variant.module is not None:
+        targets.append(
+            (
+                "module",
+                _bare_module(variant.module),
+                {_bare_module(i.name) for i in edits.modules.exclude} if edits else set(),
+                {_bare_module(i.name) for i in edits.modules.include} if edits else set(),
+                rules.global_config.supported_modules is not None,
+                rules.supported_module(variant.module),
+            )
+        )
+    for kind, name, excluded, included, restricted, supported in targets:
+        if name in excluded:
+            return _skip(f"{kind} {name!r} excluded by the test's edits.{kind}s", base.listed, tags)
+        if restricted and supported is None and name not in included:
+            return _skip(f"{kind} {name!r} is not in global.supported_{kind}s", base.listed, tags)
+        if supported is None:
+            continue
+        if supported.force_xfail:
+            forced.append(f"{kind} {name!r} has force_xfail")
+        if variant.dtype and supported.dtypes:
+            own = next((d for d in supported.dtypes if d.name == variant.dtype), None)
+            if own is None and not dtype_included:
                 return _skip(
-                    f"dtype {variant.dtype} is not among op {op!r}'s supported dtypes",
+                    f"dtype {variant.dtype} is not among {kind} {name!r}'s supported dtypes",
                     base.listed,
                     tags,
                 )
-            precision = op_dtype.precision if op_dtype else None
-        if edits:
-            tags = tags + tuple(t for i in edits.ops.include if i.name == op for t in i.tags)
-
-    if variant.module is not None:
-        mod = variant.module
-        if edits and mod in {i.name for i in edits.modules.exclude}:
-            return _skip(f"module {mod!r} excluded by the test's edits.modules", base.listed, tags)
-        included = edits is not None and mod in {i.name for i in edits.modules.include}
-        supported_mod = rules.supported_module(mod)
-        if (
-            rules.global_config.supported_modules is not None
-            and supported_mod is None
-            and not included
-        ):
-            return _skip(f"module {mod!r} is not in global.supported_modules", base.listed, tags)
-        if supported_mod and supported_mod.force_xfail:
-            forced.append(f"module {mod!r} has force_xfail")
+            precision = precision or (own.precision if own else None)
 
     if variant.dtype is not None:
         dtype = variant.dtype

@@ -34,6 +34,9 @@ test_suite_config:
               exclude: [{name: float32}]
         - names: [TestX::test_nightly]
           labels: [nightly]
+        - names: [TestX::test_modules]
+          edits:
+            modules: {exclude: [{name: nn.Conv2d}], include: [{name: torch.nn.GELU}]}
   global:
     supported_dtypes:
       - {name: float16, precision: {atol: 0.01, rtol: 0.02}}
@@ -44,6 +47,10 @@ test_suite_config:
       - sub
       - {name: mul, force_xfail: true}
       - {name: div, dtypes: [{name: float16, precision: {atol: 0.1}}]}
+    supported_modules:
+      - torch.nn.Linear
+      - {name: torch.nn.ReLU, force_xfail: true}
+      - {name: torch.nn.Conv2d, dtypes: [{name: float32}]}
 """
 
 
@@ -150,3 +157,30 @@ def test_labels(decide_for: Callable[..., Decision | None]) -> None:
     # other entries inherit the file's labels (the suite's [trunk])
     assert _mode(decide_for("TestX", "test_bare", label="trunk")) is Mode.MANDATORY_SUCCESS
     assert _mode(decide_for("TestX", "test_bare", label="nightly")) is Mode.SKIP
+
+
+def test_modules_filter_like_ops(decide_for: Callable[..., Decision | None]) -> None:
+    # ModuleInfo names come without the torch. prefix; specs may use either spelling
+    assert (
+        _mode(decide_for("TestX", "test_modules", module="torch.nn.Linear", dtype="float32"))
+        is Mode.MANDATORY_SUCCESS
+    )
+    assert (
+        _mode(decide_for("TestX", "test_bare", module="torch.nn.ReLU", dtype="float32"))
+        is Mode.XFAIL
+    )
+    unsupported = decide_for("TestX", "test_bare", module="torch.nn.LSTM", dtype="float32")
+    assert (
+        unsupported is not None
+        and "'nn.LSTM' is not in global.supported_modules" in unsupported.reason
+    )
+    assert (
+        _mode(decide_for("TestX", "test_modules", module="torch.nn.GELU", dtype="float32"))
+        is Mode.MANDATORY_SUCCESS
+    )
+    excluded = decide_for("TestX", "test_modules", module="torch.nn.Conv2d", dtype="float32")
+    assert (
+        excluded is not None and excluded.mode is Mode.SKIP and "edits.modules" in excluded.reason
+    )
+    conv16 = decide_for("TestX", "test_bare", module="torch.nn.Conv2d", dtype="float16")
+    assert conv16 is not None and conv16.mode is Mode.SKIP and "module 'nn.Conv2d'" in conv16.reason

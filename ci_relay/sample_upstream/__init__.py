@@ -79,16 +79,17 @@ def build_sample_upstream(dest: Path, *, force: bool = False) -> SampleUpstream:
     _git(dest, "init", "-q", "-b", "main", env=base_env)
     commits: list[SampleCommit] = []
     for step in history:
-        src = COMMITS_DIR / step["dir"]
-        for file in sorted(p for p in src.rglob("*") if p.is_file()):
-            if "__pycache__" in file.parts:
-                continue
-            target = dest / file.relative_to(src)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(file, target)
-        for gone in step.get("delete", []):
-            (dest / gone).unlink()
         env = _commit_env(step["author"], step["date"])
+        if "dir" in step:
+            src = COMMITS_DIR / step["dir"]
+            for file in sorted(p for p in src.rglob("*") if p.is_file()):
+                if "__pycache__" in file.parts:
+                    continue
+                target = dest / file.relative_to(src)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(file, target)
+        else:
+            _git(dest, "apply", "--whitespace=nowarn", str(COMMITS_DIR / step["patch"]), env=env)
         _git(dest, "add", "-A", env=env)
         _git(dest, "commit", "-q", "-m", step["message"], env=env)
         commits.append(SampleCommit(_git(dest, "rev-parse", "HEAD", env=env), step["message"]))
