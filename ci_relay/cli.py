@@ -20,6 +20,7 @@ from rich.progress import (
 from rich.table import Table
 
 from ci_relay.sample_upstream import SampleUpstreamError, build_sample_upstream
+from ci_relay.settings import Settings
 from ci_relay.spec_run import (
     BAD_OUTCOMES,
     EXIT_BAD_INPUT,
@@ -323,11 +324,11 @@ def sample_upstream(
         out.print(f"  {commit.sha[:12]} {commit.message}", markup=False)
 
 
-@app.command("demo")
-def demo(
+@app.command("spec-demo")
+def spec_demo(
     workdir: Annotated[
         Path, typer.Option("--workdir", help="Where the sample upstream and results go.")
-    ] = Path(".ci-relay/demo"),
+    ] = Path(".ci-relay/spec-demo"),
 ) -> None:
     """Build the sample upstream and run the bundled Spyre specs on it with the cpu backend."""
     try:
@@ -341,3 +342,131 @@ def demo(
     verdict = "as the specs expect" if result.exit_code == 0 else "NOT as the specs expect"
     out.print(f"[bold]{len(result.outcomes)} test variants ran {verdict}[/]")
     raise typer.Exit(result.exit_code)
+
+
+@app.command("demo")
+def demo(
+    workdir: Annotated[
+        Path, typer.Option("--workdir", help="Where the relay's data and the sample go.")
+    ] = Path(".ci-relay/demo"),
+    exit_when_done: Annotated[
+        bool, typer.Option("--exit-when-done", help="Stop the relay once the result is shown.")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the result.")] = 600,
+) -> None:
+    """Start the relay on this machine (embedded mode) and feed it one sample upstream change."""
+    from ci_relay.demo import new_demo, pull_request_payload, send_webhook, wait_for_run
+
+    relay, sample = new_demo(workdir.resolve())
+    log_file = relay.workdir / "relay.log"
+    out.print(f"sample upstream: {sample.path} ({len(sample.commits)} commits)")
+    relay.start(sample, log_file)
+    try:
+        with err.status(f"starting the relay on {relay.url} (log: {log_file})…"):
+            relay.wait_ready()
+        payload = pull_request_payload(sample, head_index=len(sample.commits) - 2)
+        response = send_webhook(relay.url, relay.secret, "pull_request", payload)
+        ack = response.json()
+        out.print(
+            f"sent pull_request #{payload['number']} (head {payload['after'][:12]}: "
+            f"{payload['pull_request']['title']}) -> HTTP {response.status_code} {ack}"
+        )
+        if response.status_code != 202:
+            raise _fail("the relay did not accept the webhook", 1)
+        with err.status("selecting and running the upstream tests…"):
+            change = wait_for_run(relay.url, ack["delivery_id"], timeout)
+        for run in change["runs"]:
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(run["counts"].items()))
+            out.print(
+                f"run {run['id']} on {run['backend']} ({run['level']}): "
+                f"[bold]{run['conclusion']}[/] — {counts}"
+            )
+            out.print(f"results: {relay.url}/api/runs/{run['id']}")
+        out.print(f"changes: {relay.url}/api/changes   deliveries: {relay.url}/api/deliveries")
+        if not exit_when_done:
+            out.print("the relay keeps running; press Ctrl-C to stop it")
+            assert relay.process is not None
+            relay.process.wait()
+    except KeyboardInterrupt:
+        pass
+    except (TimeoutError, RuntimeError) as exc:
+        raise _fail(f"{exc} (see {log_file})", 1) from None
+    finally:
+        relay.stop()
+
+
+def _settings(**overrides: object) -> Settings:
+    from pydantic import ValidationError
+
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise _fail(f"bad settings: {exc}") from None
+
+
+@app.command("serve")
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    worker: Annotated[
+        bool | None,
+        typer.Option(
+            "--worker/--no-worker",
+            help="Start a worker with the API (default: yes with the embedded broker).",
+        ),
+    ] = None,
+    local_demo: Annotated[
+        bool, typer.Option("--local-demo", help="Allow unsigned webhooks (local demo only).")
+    ] = False,
+) -> None:
+    """Run the relay's API (webhooks, JSON API, /healthz, /readyz, /metrics)."""
+    from ci_relay.service import ServiceError
+    from ci_relay.service import serve as run_server
+
+    settings = _settings(local_demo=True if local_demo else None)
+    _configure_logging()
+    try:
+        run_server(settings, host, port, settings.embedded_broker if worker is None else worker)
+    except ServiceError as exc:
+        raise _fail(str(exc)) from None
+
+
+@app.command("worker")
+def worker(
+    queues: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated queues (default: all; exec.<backend> for one device)."),
+    ] = None,
+    concurrency: Annotated[int, typer.Option(help="Tasks at once.")] = 2,
+    reconcile_every: Annotated[float, typer.Option(help="Seconds between reconciler passes.")] = 15,
+) -> None:
+    """Run a Celery worker for the relay's queues, with the reconciler."""
+    from ci_relay.service import all_queues, run_worker
+
+    _configure_logging()
+    run_worker(_settings(), queues or all_queues(), concurrency, reconcile_every)
+
+
+@app.command("replay")
+def replay(
+    source: Annotated[str, typer.Argument(help="A stored delivery id, or a JSON payload file.")],
+    event: Annotated[
+        str | None, typer.Option(help="Event name for a payload file (X-GitHub-Event).")
+    ] = None,
+) -> None:
+    """Re-inject a stored or saved delivery as a new delivery and queue it."""
+    from ci_relay.replay import ReplayError, replay_delivery
+
+    try:
+        pk = replay_delivery(_settings(), source, event)
+    except ReplayError as exc:
+        raise _fail(str(exc)) from None
+    out.print(f"queued as delivery {pk}")
+
+
+def _configure_logging() -> None:
+    import logging
+
+    from ci_relay.service import LOG_FORMAT
+
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)

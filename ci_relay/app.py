@@ -1,0 +1,27 @@
+"""The FastAPI application: intake, read API, health and metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import FastAPI
+
+from ci_relay import api
+from ci_relay.intake import routes as intake
+from ci_relay.metrics import Metrics
+from ci_relay.pipeline import Next
+from ci_relay.runtime import Runtime
+
+
+def create_app(
+    rt: Runtime,
+    enqueue: Callable[[list[Next]], None],
+    broker_ok: Callable[[], bool] = lambda: True,
+) -> FastAPI:
+    """Build the app around a runtime; ``enqueue`` sends pipeline steps to the queue."""
+    app = FastAPI(title="ci-relay", version="0.1.0")
+    metrics = Metrics()
+    app.state.metrics = metrics
+    app.include_router(intake.make_router(rt, metrics, enqueue))
+    app.include_router(api.make_router(rt, metrics, broker_ok))
+    return app

@@ -1,0 +1,1 @@
+"""Receiving upstream events: signature checks, parsing, storing, enqueueing."""

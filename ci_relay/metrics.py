@@ -1,0 +1,39 @@
+"""Prometheus metrics of the API process (one registry per app, so tests stay isolated)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        self.deliveries = Counter(
+            "ci_relay_deliveries_total",
+            "Webhook and dispatch requests by event and outcome",
+            ["event", "outcome"],
+            registry=self.registry,
+        )
+        self.ack_seconds = Histogram(
+            "ci_relay_ack_seconds",
+            "Time from request start to the intake answer",
+            buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.pending = Gauge(
+            "ci_relay_pending",
+            "Work the database says is pending (the queue depth that matters)",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.tests = Gauge(
+            "ci_relay_tests",
+            "Test results stored, by outcome",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.runs = Gauge("ci_relay_runs", "Runs by state", ["state"], registry=self.registry)

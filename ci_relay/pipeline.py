@@ -1,0 +1,342 @@
+"""The relay's steps as plain functions over the database: deliveries -> changes -> runs -> results.
+
+Each step is idempotent and claims its row with a conditional update, so a
+duplicated or redelivered task does nothing twice; Celery tasks in
+:mod:`ci_relay.tasks` only call these and enqueue what they return.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from ci_relay.checkouts import worktree
+from ci_relay.intake.events import summarize
+from ci_relay.junit import parse_junit
+from ci_relay.runtime import Runtime
+from ci_relay.store.models import (
+    Change,
+    Delivery,
+    DeliveryState,
+    OutboxMessage,
+    Run,
+    RunState,
+    Selection,
+    Shard,
+    ShardState,
+    TestResult,
+    utcnow,
+)
+from reuse_specs.loader import load_specs
+
+log = logging.getLogger("ci_relay.pipeline")
+
+SHARD_TIMEOUT_SECONDS = 3600
+
+
+@dataclass(frozen=True)
+class Next:
+    """A task to enqueue after the step's transaction committed."""
+
+    task: str  # select | execute | collect
+    arg: int
+    backend: str | None = None
+
+
+def _rowcount(session: Session, statement: Any) -> int:
+    """Rows a conditional UPDATE changed: 1 means this worker claimed the row."""
+    result = cast(CursorResult[Any], session.execute(statement))
+    return result.rowcount
+
+
+def delivery_event(delivery: Delivery) -> tuple[str, dict[str, Any]]:
+    """The upstream event and payload a stored delivery carries (unwrapping CRCR envelopes)."""
+    data = json.loads(delivery.body)
+    if delivery.source == "dispatch":
+        envelope = data.get("client_payload", data)
+        return str(envelope["event_type"]), dict(envelope["payload"])
+    return delivery.event, data
+
+
+def process_delivery(rt: Runtime, delivery_pk: int) -> list[Next]:
+    """Turn a received delivery into a change and the runs its policy asks for."""
+    with rt.db.session() as session:
+        delivery = session.get(Delivery, delivery_pk)
+        if delivery is None or delivery.state != DeliveryState.RECEIVED:
+            return []
+        delivery.attempts += 1
+        event, payload = delivery_event(delivery)
+        meaning = summarize(event, payload)
+        repo_policy = rt.policy.for_repository(meaning.repository)
+        if repo_policy is None:
+            delivery.state, delivery.reason = (
+                DeliveryState.IGNORED,
+                f"repository {meaning.repository} is not in the allowlist",
+            )
+        elif meaning.change is None:
+            delivery.state, delivery.reason = DeliveryState.IGNORED, meaning.ignore_reason
+        delivery.processed_at = utcnow()
+        if delivery.state == DeliveryState.IGNORED or meaning.change is None or not repo_policy:
+            return []
+        intent = meaning.change
+        kind, number, labels, base = intent.kind, intent.number, intent.labels, intent.base_sha
+        if intent.kind == "rerun":  # rerun what the last change of this head was
+            previous = session.scalars(
+                select(Change)
+                .where(Change.repository == intent.repository, Change.head_sha == intent.head_sha)
+                .where(Change.kind != "rerun")
+                .order_by(Change.id.desc())
+            ).first()
+            if previous is not None:
+                kind, number, labels, base = (
+                    previous.kind,
+                    previous.number,
+                    previous.labels,
+                    previous.base_sha,
+                )
+        change = Change(
+            delivery_pk=delivery.id,
+            repository=intent.repository,
+            kind=intent.kind,
+            number=number,
+            ref=intent.ref,
+            base_sha=base,
+            head_sha=intent.head_sha,
+            labels=list(labels),
+        )
+        session.add(change)
+        delivery.state = DeliveryState.PROCESSED
+        runs = []
+        if intent.runs_tests:
+            for backend, level in rt.policy.runs_for(repo_policy, kind, list(labels)):
+                attempt = 1 + (
+                    session.scalar(
+                        select(func.max(Run.attempt))
+                        .join(Change)
+                        .where(
+                            Change.repository == intent.repository,
+                            Change.head_sha == intent.head_sha,
+                            Run.backend == backend,
+                        )
+                    )
+                    or 0
+                )
+                run = Run(change=change, backend=backend, attempt=attempt, level=level.value)
+                session.add(run)
+                runs.append(run)
+        if not runs:
+            delivery.reason = "no backend runs for this change under the policy"
+        try:
+            session.flush()
+        except IntegrityError:  # a concurrent worker processed the same delivery
+            session.rollback()
+            return []
+        return [Next("select", run.id) for run in runs]
+
+
+def select_tests(rt: Runtime, run_id: int) -> list[Next]:
+    """The simplest selection until the selector lands: every test file the specs cover."""
+    with rt.db.session() as session:
+        claimed = _rowcount(
+            session,
+            update(Run)
+            .where(Run.id == run_id, Run.state == RunState.PENDING)
+            .values(state=RunState.SELECTING, updated_at=utcnow()),
+        )
+        run = session.get(Run, run_id)
+        if run is None:
+            return []
+        if not claimed:
+            return [
+                Next("execute", s.id, run.backend)
+                for s in run.shards
+                if s.state == ShardState.PENDING
+            ]
+        head = run.change.head_sha
+        backend = run.backend
+    repo = _upstream_repo(rt)
+    with worktree(repo, head) as tree:
+        spec = load_specs(rt.specs, tree)
+        files = [str(p.relative_to(tree)) for p in spec.test_files()]
+    with rt.db.session() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        session.add(
+            Selection(
+                run=run,
+                strategy="all-spec-tests",
+                plan={"specs": [str(p) for p in rt.specs], "test_files": files},
+            )
+        )
+        shard = Shard(run=run, index=0, test_files=files)
+        session.add(shard)
+        run.state = RunState.RUNNING
+        run.started_at = utcnow()
+        session.flush()
+        return [Next("execute", shard.id, backend)]
+
+
+def _upstream_repo(rt: Runtime) -> Path:
+    if rt.settings.upstream_repo is None:
+        raise RuntimeError("CI_RELAY_UPSTREAM_REPO is not set: the relay has no upstream checkout")
+    return rt.settings.upstream_repo
+
+
+def execute_shard(rt: Runtime, shard_id: int, stale_after: timedelta) -> list[Next]:
+    """Run one shard's tests in a subprocess and store every result (the local runtime)."""
+    with rt.db.session() as session:
+        claimed = _rowcount(
+            session,
+            update(Shard)
+            .where(Shard.id == shard_id)
+            .where(
+                or_(
+                    Shard.state == ShardState.PENDING,
+                    (Shard.state == ShardState.RUNNING)
+                    & (Shard.updated_at < utcnow() - stale_after),
+                )
+            )
+            .values(
+                state=ShardState.RUNNING,
+                attempts=Shard.attempts + 1,
+                started_at=utcnow(),
+                updated_at=utcnow(),
+            ),
+        )
+        if not claimed:
+            return []
+        shard = session.get(Shard, shard_id)
+        assert shard is not None
+        run_id, backend, head = shard.run_id, shard.run.backend, shard.run.change.head_sha
+    with worktree(_upstream_repo(rt), head) as tree, tempfile.TemporaryDirectory() as tmp:
+        junit = Path(tmp) / "junit.xml"
+        cmd = [sys.executable, "-m", "ci_relay", "run", "--upstream", str(tree)]
+        cmd += [a for spec in rt.specs for a in ("--spec", str(spec))]
+        cmd += ["--backend", backend, "--junit", str(junit)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CI_RELAY_")}
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, env=env, timeout=SHARD_TIMEOUT_SECONDS
+            )
+            code, output = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            code, output = -1, f"shard timed out after {exc.timeout}s"
+        results = parse_junit(junit) if junit.exists() else []
+    with rt.db.session() as session:
+        shard = session.get(Shard, shard_id)
+        assert shard is not None
+        for old in shard.results:
+            session.delete(old)
+        session.flush()
+        for case in results:
+            session.add(
+                TestResult(
+                    shard=shard,
+                    nodeid=case.nodeid,
+                    outcome=case.outcome,
+                    mode=case.mode,
+                    duration=case.duration,
+                    message=case.message,
+                )
+            )
+        shard.exit_code = code
+        shard.state = ShardState.DONE if code in (0, 1) else ShardState.FAILED
+        shard.log_tail = output[-8000:]
+        shard.finished_at = utcnow()
+    log.info("shard %s of run %s finished with exit code %s", shard_id, run_id, code)
+    return [Next("collect", run_id)]
+
+
+def collect(rt: Runtime, run_id: int) -> list[Next]:
+    """Close a run once every shard finished; queue its report in the outbox."""
+    with rt.db.session() as session:
+        run = session.get(Run, run_id)
+        if run is None or run.state != RunState.RUNNING:
+            return []
+        if any(s.state in (ShardState.PENDING, ShardState.RUNNING) for s in run.shards):
+            return []
+        counts: dict[str, int] = {}
+        for shard in run.shards:
+            for result in shard.results:
+                counts[result.outcome] = counts.get(result.outcome, 0) + 1
+        codes = {s.exit_code for s in run.shards}
+        if any(s.state == ShardState.FAILED for s in run.shards):
+            conclusion = "error"
+        elif 1 in codes:
+            conclusion = "failure"
+        else:
+            conclusion = "success"
+        claimed = _rowcount(
+            session,
+            update(Run)
+            .where(Run.id == run_id, Run.state == RunState.RUNNING)
+            .values(
+                state=RunState.COMPLETED,
+                conclusion=conclusion,
+                counts=counts,
+                finished_at=utcnow(),
+                updated_at=utcnow(),
+            ),
+        )
+        if claimed:
+            session.add(
+                OutboxMessage(
+                    run_id=run_id,
+                    target="crcr",
+                    payload={"conclusion": conclusion, "counts": counts},
+                )
+            )
+    return []
+
+
+def reconcile(rt: Runtime, older_than: timedelta, stale_after: timedelta) -> list[Next]:
+    """Work the database says is pending but that may have no message: enqueue it again."""
+    cutoff = utcnow() - older_than
+    out: list[Next] = []
+    with rt.db.session() as session:
+        for pk in session.scalars(
+            select(Delivery.id).where(
+                Delivery.state == DeliveryState.RECEIVED,
+                or_(Delivery.enqueued_at.is_(None), Delivery.enqueued_at < cutoff),
+            )
+        ):
+            out.append(Next("process", pk))
+        for run_id in session.scalars(
+            select(Run.id).where(Run.state == RunState.PENDING, Run.updated_at < cutoff)
+        ):
+            out.append(Next("select", run_id))
+        for shard in session.scalars(
+            select(Shard).where(
+                or_(
+                    (Shard.state == ShardState.PENDING) & (Shard.updated_at < cutoff),
+                    (Shard.state == ShardState.RUNNING)
+                    & (Shard.updated_at < utcnow() - stale_after),
+                )
+            )
+        ):
+            out.append(Next("execute", shard.id, shard.run.backend))
+        for run in session.scalars(select(Run).where(Run.state == RunState.RUNNING)):
+            if run.shards and all(
+                s.state in (ShardState.DONE, ShardState.FAILED) for s in run.shards
+            ):
+                out.append(Next("collect", run.id))
+        if out:
+            session.execute(
+                update(Delivery)
+                .where(Delivery.id.in_([n.arg for n in out if n.task == "process"]))
+                .values(enqueued_at=utcnow())
+            )
+    return out

@@ -1,0 +1,75 @@
+"""Which repositories the relay accepts, and at which CRCR level each backend runs.
+
+Levels follow PyTorch's Cross-Repository CI Relay: L1 record events only; L2
+run and publish results; L3 run only on pull requests labelled
+``ciflow/crcr/<device>``; L4 run on every change.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class Level(StrEnum):
+    L1 = "L1"
+    L2 = "L2"
+    L3 = "L3"
+    L4 = "L4"
+
+
+class BackendPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    level: Level = Level.L2
+    device: str | None = Field(default=None, description="label suffix; default: backend name")
+
+
+class RepositoryPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backends: dict[str, BackendPolicy] = Field(default_factory=dict)
+
+
+class Policy(BaseModel):
+    """``repositories: {owner/name: {backends: {cpu: {level: L2}}}}``; others are ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    repositories: dict[str, RepositoryPolicy] = Field(default_factory=dict)
+
+    def for_repository(self, name: str | None) -> RepositoryPolicy | None:
+        return self.repositories.get(name) if name else None
+
+    @staticmethod
+    def runs_for(repo: RepositoryPolicy, kind: str, labels: list[str]) -> list[tuple[str, Level]]:
+        """The (backend, level) pairs that run for a change of this kind with these labels."""
+        out: list[tuple[str, Level]] = []
+        for backend, policy in sorted(repo.backends.items()):
+            device = policy.device or backend
+            if policy.level is Level.L1:
+                continue
+            if policy.level is Level.L3 and not (
+                kind == "pull_request" and f"ciflow/crcr/{device}" in labels
+            ):
+                continue
+            out.append((backend, policy.level))
+        return out
+
+
+class PolicyError(ValueError):
+    pass
+
+
+def load_policy(path: Path | None) -> Policy:
+    """Read the policy file; no file means an empty allowlist (nothing runs)."""
+    if path is None:
+        return Policy()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        return Policy.model_validate(data)
+    except (OSError, yaml.YAMLError, ValidationError) as exc:
+        raise PolicyError(f"policy file {path}: {exc}") from exc

@@ -1,0 +1,116 @@
+"""Starting the relay: the API server, workers, and the embedded one-machine mode."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ci_relay.settings import Settings
+
+log = logging.getLogger("ci_relay.service")
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+class ServiceError(RuntimeError):
+    pass
+
+
+def check_can_serve(settings: Settings) -> None:
+    if settings.webhook_secret is None and not settings.local_demo:
+        raise ServiceError(
+            "no webhook secret: set CI_RELAY_WEBHOOK_SECRET, or pass --local-demo "
+            "(accepts unsigned webhooks; for a local demo only)"
+        )
+
+
+def broker_reachable(settings: Settings) -> bool:
+    from ci_relay.tasks import celery_app
+
+    if settings.embedded_broker:
+        return settings.broker_folder.is_dir()
+    try:
+        with celery_app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1, timeout=2)
+        return True
+    except Exception:
+        return False
+
+
+@contextmanager
+def worker_process(
+    queues: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A ``ci-relay worker`` child process, stopped (warm shutdown) on exit."""
+    cmd = [sys.executable, "-m", "ci_relay", "worker", "--queues", queues]
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})})
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def serve(settings: Settings, host: str, port: int, with_worker: bool) -> None:
+    """Run the API (and, in embedded mode, a worker child) until interrupted."""
+    import uvicorn
+
+    from ci_relay.app import create_app
+    from ci_relay.tasks import configure, enqueue
+
+    check_can_serve(settings)
+    rt = configure(settings)
+    rt.db.upgrade()
+    app = create_app(rt, enqueue, lambda: broker_reachable(settings))
+    log.info("ci-relay API on http://%s:%d (database %s)", host, port, rt.db.engine.url)
+    if with_worker:
+        with worker_process(all_queues()):
+            uvicorn.run(app, host=host, port=port, log_level="warning")
+    else:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def all_queues() -> str:
+    from ci_relay.tasks import SHORT_QUEUES, exec_queue
+    from reuse_specs.backends import BACKENDS
+
+    return ",".join([*SHORT_QUEUES, *(exec_queue(b) for b in BACKENDS)])
+
+
+def run_worker(settings: Settings, queues: str, concurrency: int, reconcile_every: float) -> None:
+    """A Celery worker on the given queues, with the reconciler running beside it."""
+    from ci_relay.tasks import celery_app, configure, start_reconciler
+
+    rt = configure(settings)
+    rt.db.upgrade()
+    stop = start_reconciler(reconcile_every)
+    try:
+        celery_app.worker_main(
+            [
+                "worker",
+                "--queues",
+                queues,
+                "--pool",
+                "threads",
+                "--concurrency",
+                str(concurrency),
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "--hostname",
+                f"ci-relay-{os.getpid()}@%h",
+            ]
+        )
+    finally:
+        stop.set()

@@ -1,0 +1,78 @@
+"""The one place configuration is read: ``CI_RELAY_*`` variables and an optional YAML file.
+
+Precedence: explicit arguments, then the environment, then the file named by
+``CI_RELAY_SETTINGS_FILE``. Secrets are ``SecretStr`` so they never print.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+MiB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    """Runtime configuration of the relay; every default is the embedded, one-machine one."""
+
+    model_config = SettingsConfigDict(env_prefix="CI_RELAY_", extra="forbid")
+
+    data_dir: Path = Field(default=Path(".ci-relay"), description="SQLite files, broker folders")
+    database_url: str | None = Field(default=None, description="default: SQLite in data_dir")
+    broker_url: str | None = Field(default=None, description="default: server-less broker")
+    webhook_secret: SecretStr | None = None
+    dispatch_token: SecretStr | None = None
+    policy_file: Path | None = Field(default=None, description="repository allowlist and levels")
+    max_body_bytes: int = Field(default=25 * MiB, gt=0)
+    local_demo: bool = Field(default=False, description="allow serving without a webhook secret")
+    upstream_repo: Path | None = Field(default=None, description="local git repo of upstream")
+    specs: list[Path] = Field(default_factory=list, description="reuse spec files to run")
+    task_visibility_timeout: int = Field(default=4 * 3600, gt=0)
+    reconcile_after_seconds: int = Field(default=60, gt=0)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        settings_file = os.environ.get("CI_RELAY_SETTINGS_FILE")
+        if settings_file:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=settings_file))
+        return tuple(sources)
+
+    @property
+    def effective_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'relay.db').resolve()}"
+
+    @property
+    def embedded_broker(self) -> bool:
+        return self.broker_url is None
+
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or "filesystem://"
+
+    @property
+    def broker_folder(self) -> Path:
+        return (self.data_dir / "broker").resolve()
+
+    def public_dict(self) -> dict[str, Any]:
+        """Settings safe to show: secrets reduced to whether they are set."""
+        data = self.model_dump(mode="json")
+        for key in ("webhook_secret", "dispatch_token"):
+            data[key] = "set" if getattr(self, key) else None
+        return data

@@ -1,0 +1,221 @@
+"""SQLAlchemy models. The database, not the queue, is the source of truth.
+
+State columns are plain strings (portable across SQLite and PostgreSQL); their
+values are the ``*State`` constants below.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class DeliveryState:
+    RECEIVED = "received"  # stored, waiting for a worker
+    PROCESSED = "processed"  # turned into a change (and runs, as policy says)
+    IGNORED = "ignored"  # valid but nothing to do (event, repository, policy)
+    FAILED = "failed"  # processing raised; kept for replay
+
+
+class RunState:
+    PENDING = "pending"
+    SELECTING = "selecting"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class ShardState:
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Delivery(Base):
+    """One webhook or dispatch as received, raw body first, before any processing."""
+
+    __tablename__ = "deliveries"
+    __table_args__ = (
+        UniqueConstraint("hook_id", "delivery_id", name="uq_delivery_hook"),
+        Index("ix_deliveries_state", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    source: Mapped[str] = mapped_column(String(16))  # github | dispatch | replay
+    hook_id: Mapped[str] = mapped_column(String(64))
+    delivery_id: Mapped[str] = mapped_column(String(128))
+    event: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str | None] = mapped_column(String(64))
+    repository: Mapped[str | None] = mapped_column(String(256))
+    head_sha: Mapped[str | None] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), default=DeliveryState.RECEIVED)
+    reason: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    headers: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    processed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    change: Mapped[Change | None] = relationship(back_populates="delivery")
+
+
+class AuditRecord(Base):
+    """A rejected request: what was wrong, never the body."""
+
+    __tablename__ = "audit_records"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    path: Mapped[str] = mapped_column(String(128))
+    status: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(Text)
+    remote: Mapped[str | None] = mapped_column(String(128))
+    event: Mapped[str | None] = mapped_column(String(64))
+    delivery_id: Mapped[str | None] = mapped_column(String(128))
+
+
+class Change(Base):
+    """An upstream change a delivery describes: a PR head, a push, a rerun request."""
+
+    __tablename__ = "changes"
+    __table_args__ = (Index("ix_changes_repo_head", "repository", "head_sha"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    delivery_pk: Mapped[int] = mapped_column(ForeignKey("deliveries.id"), unique=True)
+    repository: Mapped[str] = mapped_column(String(256))
+    kind: Mapped[str] = mapped_column(String(32))  # pull_request | push | rerun | dispatch
+    number: Mapped[int | None] = mapped_column(Integer)
+    ref: Mapped[str | None] = mapped_column(String(256))
+    base_sha: Mapped[str | None] = mapped_column(String(64))
+    head_sha: Mapped[str] = mapped_column(String(64))
+    labels: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    delivery: Mapped[Delivery] = relationship(back_populates="change")
+    runs: Mapped[list[Run]] = relationship(back_populates="change", order_by="Run.id")
+
+
+class Run(Base):
+    """One backend's test run for a change; a rerun request adds an attempt."""
+
+    __tablename__ = "runs"
+    __table_args__ = (
+        UniqueConstraint("change_id", "backend", "attempt", name="uq_run_attempt"),
+        Index("ix_runs_state", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    change_id: Mapped[int] = mapped_column(ForeignKey("changes.id"))
+    backend: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    level: Mapped[str] = mapped_column(String(4))
+    state: Mapped[str] = mapped_column(String(16), default=RunState.PENDING)
+    conclusion: Mapped[str | None] = mapped_column(String(16))
+    counts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, onupdate=utcnow
+    )
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    change: Mapped[Change] = relationship(back_populates="runs")
+    selection: Mapped[Selection | None] = relationship(back_populates="run")
+    shards: Mapped[list[Shard]] = relationship(back_populates="run", order_by="Shard.index")
+
+
+class Selection(Base):
+    """Which tests a run covers and why (the selector's stored output)."""
+
+    __tablename__ = "selections"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), unique=True)
+    strategy: Mapped[str] = mapped_column(String(32))
+    plan: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    run: Mapped[Run] = relationship(back_populates="selection")
+
+
+class Shard(Base):
+    """A slice of a run's tests executed by one worker process."""
+
+    __tablename__ = "shards"
+    __table_args__ = (UniqueConstraint("run_id", "index", name="uq_shard_index"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    index: Mapped[int] = mapped_column(Integer)
+    test_files: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    state: Mapped[str] = mapped_column(String(16), default=ShardState.PENDING)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    log_tail: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, onupdate=utcnow
+    )
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    run: Mapped[Run] = relationship(back_populates="shards")
+    results: Mapped[list[TestResult]] = relationship(back_populates="shard")
+
+
+class TestResult(Base):
+    """One test variant's outcome in one shard."""
+
+    __test__ = False
+    __tablename__ = "test_results"
+    __table_args__ = (UniqueConstraint("shard_id", "nodeid", name="uq_result_node"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    shard_id: Mapped[int] = mapped_column(ForeignKey("shards.id"))
+    nodeid: Mapped[str] = mapped_column(String(1024))
+    outcome: Mapped[str] = mapped_column(String(16))
+    mode: Mapped[str | None] = mapped_column(String(32))
+    duration: Mapped[float] = mapped_column(Float, default=0.0)
+    message: Mapped[str | None] = mapped_column(Text)
+
+    shard: Mapped[Shard] = relationship(back_populates="results")
+
+
+class OutboxMessage(Base):
+    """A report to send (CRCR callback, HUD, GitHub check), retried until delivered."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (Index("ix_outbox_state", "state"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    target: Mapped[str] = mapped_column(String(32))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -1,0 +1,144 @@
+"""Celery tasks: thin wrappers that run a pipeline step and enqueue what it returns.
+
+Short work (intake, select, report) and long work per backend (``exec.<backend>``)
+use separate queues so a worker only takes work its machine can do.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery
+from sqlalchemy.exc import OperationalError
+
+from ci_relay import pipeline
+from ci_relay.pipeline import Next
+from ci_relay.runtime import Runtime
+from ci_relay.settings import Settings
+
+log = logging.getLogger("ci_relay.tasks")
+
+celery_app = Celery("ci_relay")
+SHORT_QUEUES = ("intake", "select", "report")
+_runtime: Runtime | None = None
+
+
+def exec_queue(backend: str) -> str:
+    return f"exec.{backend}"
+
+
+def configure(settings: Settings) -> Runtime:
+    """Point the Celery app and the pipeline at these settings (call once per process)."""
+    global _runtime
+    _runtime = Runtime(settings)
+    transport: dict[str, Any] = {"visibility_timeout": settings.task_visibility_timeout}
+    if settings.embedded_broker:
+        folder = settings.broker_folder
+        for sub in ("queue", "processed"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        transport.update(
+            data_folder_in=str(folder / "queue"),
+            data_folder_out=str(folder / "queue"),
+            processed_folder=str(folder / "processed"),
+            store_processed=False,
+        )
+    celery_app.conf.update(
+        broker_url=settings.effective_broker_url,
+        broker_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        task_default_queue="intake",
+        worker_hijack_root_logger=False,
+        task_routes={
+            "relay.process_delivery": {"queue": "intake"},
+            "relay.select": {"queue": "select"},
+            "relay.collect": {"queue": "report"},
+        },
+    )
+    return _runtime
+
+
+def runtime() -> Runtime:
+    return _runtime if _runtime is not None else configure(Settings())
+
+
+def enqueue(steps: list[Next]) -> None:
+    """Send follow-up tasks; a broker failure is logged, the reconciler re-sends later."""
+    for step in steps:
+        try:
+            if step.task == "process":
+                process_delivery.apply_async((step.arg,), queue="intake")
+            elif step.task == "select":
+                select_tests.apply_async((step.arg,), queue="select")
+            elif step.task == "execute":
+                execute_shard.apply_async((step.arg,), queue=exec_queue(step.backend or "cpu"))
+            elif step.task == "collect":
+                collect.apply_async((step.arg,), queue="report")
+        except Exception:  # broker down: the database still says what is pending
+            log.exception("could not enqueue %s %s; the reconciler will retry", step.task, step.arg)
+
+
+def _stale() -> timedelta:
+    return timedelta(seconds=runtime().settings.task_visibility_timeout)
+
+
+RETRY: dict[str, Any] = {
+    "autoretry_for": (OperationalError,),
+    "retry_backoff": True,
+    "retry_backoff_max": 60,
+    "max_retries": 10,
+}
+
+
+@celery_app.task(name="relay.process_delivery", **RETRY)
+def process_delivery(delivery_pk: int) -> None:
+    enqueue(pipeline.process_delivery(runtime(), delivery_pk))
+
+
+@celery_app.task(name="relay.select", **RETRY)
+def select_tests(run_id: int) -> None:
+    enqueue(pipeline.select_tests(runtime(), run_id))
+
+
+@celery_app.task(name="relay.execute_shard", **RETRY)
+def execute_shard(shard_id: int) -> None:
+    enqueue(pipeline.execute_shard(runtime(), shard_id, _stale()))
+
+
+@celery_app.task(name="relay.collect", **RETRY)
+def collect(run_id: int) -> None:
+    enqueue(pipeline.collect(runtime(), run_id))
+
+
+def reconcile_once() -> int:
+    rt = runtime()
+    steps = pipeline.reconcile(
+        rt,
+        older_than=timedelta(seconds=rt.settings.reconcile_after_seconds),
+        stale_after=_stale(),
+    )
+    enqueue(steps)
+    return len(steps)
+
+
+def start_reconciler(every_seconds: float) -> threading.Event:
+    """Re-enqueue pending work periodically in a daemon thread; set the event to stop."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every_seconds):
+            try:
+                count = reconcile_once()
+                if count:
+                    log.info("reconciler re-enqueued %d step(s)", count)
+            except Exception:
+                log.exception("reconciler pass failed")
+
+    threading.Thread(target=loop, name="ci-relay-reconciler", daemon=True).start()
+    return stop
