@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ci_relay.checkouts import worktree
-from ci_relay.intake.events import summarize
+from ci_relay.intake.events import ChangeIntent, summarize
 from ci_relay.junit import parse_junit
 from ci_relay.runtime import Runtime
 from ci_relay.store.models import (
@@ -121,6 +121,8 @@ def process_delivery(rt: Runtime, delivery_pk: int) -> list[Next]:
         runs = []
         if intent.runs_tests:
             for backend, level in rt.policy.runs_for(repo_policy, kind, list(labels)):
+                if intent.kind != "rerun" and _has_run(session, intent.head_sha, intent, backend):
+                    continue  # this head already runs on this backend; only a rerun adds one
                 attempt = 1 + (
                     session.scalar(
                         select(func.max(Run.attempt))
@@ -144,6 +146,22 @@ def process_delivery(rt: Runtime, delivery_pk: int) -> list[Next]:
             session.rollback()
             return []
         return [Next("select", run.id) for run in runs]
+
+
+def _has_run(session: Session, head_sha: str, intent: ChangeIntent, backend: str) -> bool:
+    return (
+        session.scalar(
+            select(func.count())
+            .select_from(Run)
+            .join(Change)
+            .where(
+                Change.repository == intent.repository,
+                Change.head_sha == head_sha,
+                Run.backend == backend,
+            )
+        )
+        or 0
+    ) > 0
 
 
 def select_tests(rt: Runtime, run_id: int) -> list[Next]:

@@ -14,6 +14,8 @@ import pytest
 
 from ci_relay.sample_upstream import SampleUpstream, build_sample_upstream
 
+pytest_plugins = ["tests.relay_fixtures"]
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_SPECS = REPO_ROOT / "reuse_specs" / "specs"
 

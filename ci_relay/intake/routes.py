@@ -99,9 +99,6 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
         state, reason = DeliveryState.RECEIVED, None
         if event not in HANDLED_EVENTS:
             state, reason = DeliveryState.IGNORED, f"event {event} is not handled"
-        elif rt.policy.for_repository(meaning.repository) is None:
-            state = DeliveryState.IGNORED
-            reason = f"repository {meaning.repository} is not in the allowlist"
         row = Delivery(
             source=source,
             hook_id=hook_id,
@@ -131,6 +128,7 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
                 return existing.id, existing.state, True
 
     async def accept(
+        request: Request,
         source: str,
         hook_id: str,
         delivery_id: str,
@@ -140,6 +138,17 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
         payload: dict[str, Any],
         started: float,
     ) -> JSONResponse:
+        repository = summarize(event, payload).repository
+        if rt.policy.for_repository(repository) is None:
+            reason = f"repository {repository} is not in the allowlist"
+            await run_in_threadpool(audit, request, 202, reason, event)
+            metrics.deliveries.labels(event, "not_allowed").inc()
+            metrics.ack_seconds.observe(time.perf_counter() - started)
+            log.info("delivery=%s event=%s ignored: %s", delivery_id, event, reason)
+            return JSONResponse(
+                {"delivery_id": delivery_id, "state": DeliveryState.IGNORED, "reason": reason},
+                status_code=202,
+            )
         pk, state, duplicate = await run_in_threadpool(
             store, source, hook_id, delivery_id, event, body, headers, payload
         )
@@ -191,7 +200,9 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
             )
             metrics.deliveries.labels("ping", "pong").inc()
             return JSONResponse({"pong": True, "zen": payload.get("zen")}, status_code=200)
-        return await accept("github", hook_id, delivery_id, event, body, headers, payload, started)
+        return await accept(
+            request, "github", hook_id, delivery_id, event, body, headers, payload, started
+        )
 
     @router.post("/webhooks/dispatch")
     async def crcr_dispatch(request: Request) -> JSONResponse:
@@ -221,6 +232,7 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
                 request, 422, f"envelope field {field}: {first['msg']}", None, started
             )
         return await accept(
+            request,
             "dispatch",
             "crcr",
             envelope.delivery_id,

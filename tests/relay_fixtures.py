@@ -1,0 +1,91 @@
+"""Fixtures for relay tests: real databases (SQLite file, fresh PostgreSQL database) and apps."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+from ci_relay.app import create_app
+from ci_relay.pipeline import Next
+from ci_relay.runtime import Runtime
+from ci_relay.settings import Settings
+
+POSTGRES_ADMIN_URL = os.environ.get(
+    "CI_RELAY_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+SECRET = "It's a Secret to Everybody"
+DISPATCH_TOKEN = "dispatch-token-for-tests"
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "github"
+
+POLICY = """
+repositories:
+  Codertocat/Hello-World:
+    backends:
+      cpu: {level: L2}
+  github/hello-world:
+    backends:
+      cpu: {level: L2}
+  sample/pytorch:
+    backends:
+      cpu: {level: L3}
+  octo-org/octo-repo:
+    backends:
+      cpu: {level: L1}
+"""
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A new, empty database on each backend the relay supports."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'relay.db'}"
+        return
+    name = f"relay_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@dataclass
+class Relay:
+    rt: Runtime
+    client: TestClient
+    enqueued: list[Next] = field(default_factory=list)
+
+
+def make_settings(database_url: str, tmp_path: Path, **extra: object) -> Settings:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    return Settings(
+        database_url=database_url,
+        data_dir=tmp_path / "data",
+        webhook_secret=SECRET,  # type: ignore[arg-type]
+        dispatch_token=DISPATCH_TOKEN,  # type: ignore[arg-type]
+        policy_file=policy,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def relay(database_url: str, tmp_path: Path) -> Iterator[Relay]:
+    rt = Runtime(make_settings(database_url, tmp_path, max_body_bytes=64 * 1024))
+    rt.db.upgrade()
+    enqueued: list[Next] = []
+    app = create_app(rt, enqueued.extend)
+    with TestClient(app) as client:
+        yield Relay(rt, client, enqueued)
+    rt.db.dispose()
