@@ -62,7 +62,9 @@ def test_official_signature_vector() -> None:
     assert verify("It's a Secret to Everybody", b"Hello, World!", expected)
     assert not verify("It's a Secret to Everybody", b"Hello, World?", expected)
     assert not verify("It's a Secret to Everybody", b"Hello, World!", None)
-    assert not verify("It's a Secret to Everybody", b"Hello, World!", expected.replace("sha256=", "sha1="))
+    assert not verify(
+        "It's a Secret to Everybody", b"Hello, World!", expected.replace("sha256=", "sha1=")
+    )
 
 
 EXPECTED: dict[str, tuple[int, str, int]] = {
@@ -112,7 +114,9 @@ def test_same_head_runs_once_until_a_rerun_is_requested(relay: Relay) -> None:
         runs = s.scalars(select(Run).order_by(Run.id)).all()
         assert [(r.backend, r.attempt) for r in runs] == [("cpu", 1), ("cpu", 2)]
         rerun_change = s.get(Change, runs[1].change_id)
-        assert rerun_change is not None and rerun_change.kind == "rerun" and rerun_change.number == 2
+        assert (
+            rerun_change is not None and rerun_change.kind == "rerun" and rerun_change.number == 2
+        )
 
 
 def _rejects(relay: Relay, response: httpx.Response, status: int, reason: str) -> None:
@@ -130,28 +134,55 @@ BODY = fixture_body("pull_request/opened.payload.json")
 def test_missing_signature(relay: Relay) -> None:
     h = headers("pull_request", BODY)
     del h["X-Hub-Signature-256"]
-    _rejects(relay, relay.client.post("/webhooks/github", content=BODY, headers=h), 401, "missing X-Hub-Signature-256")
+    _rejects(
+        relay,
+        relay.client.post("/webhooks/github", content=BODY, headers=h),
+        401,
+        "missing X-Hub-Signature-256",
+    )
 
 
 def test_wrong_signature(relay: Relay) -> None:
     h = headers("pull_request", BODY, **{"X-Hub-Signature-256": sign("not the secret", BODY)})
-    _rejects(relay, relay.client.post("/webhooks/github", content=BODY, headers=h), 401, "signature mismatch")
+    _rejects(
+        relay,
+        relay.client.post("/webhooks/github", content=BODY, headers=h),
+        401,
+        "signature mismatch",
+    )
 
 
 def test_signature_over_other_bytes(relay: Relay) -> None:
     h = headers("pull_request", BODY)
     tampered = BODY.replace(b'"opened"', b'"closed"')
-    _rejects(relay, relay.client.post("/webhooks/github", content=tampered, headers=h), 401, "signature mismatch")
+    _rejects(
+        relay,
+        relay.client.post("/webhooks/github", content=tampered, headers=h),
+        401,
+        "signature mismatch",
+    )
 
 
 @pytest.mark.parametrize("missing", ["X-GitHub-Event", "X-GitHub-Delivery"])
 def test_missing_headers(relay: Relay, missing: str) -> None:
     h = headers("pull_request", BODY)
     del h[missing]
-    _rejects(relay, relay.client.post("/webhooks/github", content=BODY, headers=h), 400, f"missing header {missing}")
+    _rejects(
+        relay,
+        relay.client.post("/webhooks/github", content=BODY, headers=h),
+        400,
+        f"missing header {missing}",
+    )
 
 
-@pytest.mark.parametrize(("body", "reason"), [(b"{not json", "body is not JSON"), (b"\xff\xfe", "body is not JSON"), (b"[1, 2]", "not a JSON object")])
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"{not json", "body is not JSON"),
+        (b"\xff\xfe", "body is not JSON"),
+        (b"[1, 2]", "not a JSON object"),
+    ],
+)
 def test_non_json(relay: Relay, body: bytes, reason: str) -> None:
     response = relay.client.post("/webhooks/github", content=body, headers=headers("push", body))
     _rejects(relay, response, 400, reason)
@@ -177,7 +208,9 @@ def test_repository_not_in_allowlist(relay: Relay) -> None:
     payload = json.loads(BODY)
     payload["repository"]["full_name"] = "someone/else"
     body = json.dumps(payload).encode()
-    response = relay.client.post("/webhooks/github", content=body, headers=headers("pull_request", body))
+    response = relay.client.post(
+        "/webhooks/github", content=body, headers=headers("pull_request", body)
+    )
     assert response.status_code == 202 and response.json()["state"] == "ignored"
     assert "not in the allowlist" in response.json()["reason"]
     assert counts(relay) == {"deliveries": 0, "changes": 0, "runs": 0, "audit_records": 1}
@@ -204,23 +237,34 @@ def test_dispatch_envelope(relay: Relay) -> None:
         ({"event_type": "push", "payload": {}}, "delivery_id"),
     ],
 )
-def test_malformed_dispatch_names_the_field(relay: Relay, envelope: dict[str, Any], field: str) -> None:
-    response = relay.client.post("/webhooks/dispatch", json=envelope, headers={"Authorization": f"Bearer {DISPATCH_TOKEN}"})
+def test_malformed_dispatch_names_the_field(
+    relay: Relay, envelope: dict[str, Any], field: str
+) -> None:
+    response = relay.client.post(
+        "/webhooks/dispatch", json=envelope, headers={"Authorization": f"Bearer {DISPATCH_TOKEN}"}
+    )
     _rejects(relay, response, 422, f"envelope field {field}")
 
 
 def test_dispatch_needs_the_token(relay: Relay) -> None:
     envelope = {"event_type": "push", "delivery_id": "d", "payload": {}}
-    response = relay.client.post("/webhooks/dispatch", json=envelope, headers={"Authorization": "Bearer wrong"})
+    response = relay.client.post(
+        "/webhooks/dispatch", json=envelope, headers={"Authorization": "Bearer wrong"}
+    )
     _rejects(relay, response, 401, "bad bearer token")
 
 
 def test_api_lists_deliveries_and_changes(relay: Relay) -> None:
     body = fixture_body("pull_request/synchronize.payload.json")
-    relay.client.post("/webhooks/github", content=body, headers=headers("pull_request", body, delivery="d-1"))
+    relay.client.post(
+        "/webhooks/github", content=body, headers=headers("pull_request", body, delivery="d-1")
+    )
     process_all(relay)
     (delivery,) = relay.client.get("/api/deliveries").json()
-    assert {k: delivery[k] for k in ("delivery_id", "event", "action", "repository", "head_sha", "state")} == {
+    assert {
+        k: delivery[k]
+        for k in ("delivery_id", "event", "action", "repository", "head_sha", "state")
+    } == {
         "delivery_id": "d-1",
         "event": "pull_request",
         "action": "synchronize",
@@ -278,8 +322,16 @@ def test_same_delivery_100_times_concurrently(database_url: str, tmp_path: Path)
     port = server.servers[0].sockets[0].getsockname()[1]
     h = headers("pull_request", BODY, delivery="same-delivery")
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client, ThreadPoolExecutor(20) as pool:
-            statuses = list(pool.map(lambda _: client.post("/webhooks/github", content=BODY, headers=h).status_code, range(100)))
+        with (
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client,
+            ThreadPoolExecutor(20) as pool,
+        ):
+            statuses = list(
+                pool.map(
+                    lambda _: client.post("/webhooks/github", content=BODY, headers=h).status_code,
+                    range(100),
+                )
+            )
         assert statuses == [202] * 100
         # every enqueued copy is processed, concurrently too
         with ThreadPoolExecutor(8) as pool:

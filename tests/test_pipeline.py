@@ -1,0 +1,333 @@
+"""The pipeline through a real Redis broker, real Celery workers and PostgreSQL.
+
+Each test gets its own Redis database number and PostgreSQL database; workers
+are real ``ci-relay worker`` processes that run the sample upstream's tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import func, select
+
+from ci_relay.demo import pull_request_payload
+from ci_relay.intake.signature import sign
+from ci_relay.runtime import Runtime
+from ci_relay.sample_upstream import SampleUpstream
+from ci_relay.settings import Settings
+from ci_relay.store.models import Delivery, Run, Shard, TestResult
+from tests.relay_fixtures import SECRET
+
+pytestmark = pytest.mark.slow
+
+REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+REDIS_START = [
+    "redis-server",
+    "--daemonize",
+    "yes",
+    "--bind",
+    "127.0.0.1",
+    "-::1",
+    "--port",
+    "6379",
+    "--save",
+    "",
+    "--appendonly",
+    "no",
+    "--dir",
+    "/var/lib/redis",
+    "--logfile",
+    "/var/log/redis/ci.log",
+]
+SMALL_SPEC = """
+test_suite_config:
+  files:
+    - path: ${TORCH_ROOT}/test/test_view_ops.py
+      unlisted_test_mode: mandatory_success
+"""
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _pg_database() -> Iterator[str]:
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    from tests.relay_fixtures import POSTGRES_ADMIN_URL
+
+    name = f"relay_pipe_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"{POSTGRES_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+class Cluster:
+    """Settings shared by the API side (this process) and worker subprocesses."""
+
+    def __init__(self, tmp: Path, database_url: str, sample: SampleUpstream) -> None:
+        self.db_number = random.randint(1, 15)
+        redis.Redis(REDIS_HOST, REDIS_PORT, db=self.db_number).flushdb()
+        spec = tmp / "small.yaml"
+        spec.write_text(SMALL_SPEC)
+        policy = tmp / "policy.yaml"
+        policy.write_text(
+            "repositories:\n  sample/pytorch:\n    backends:\n      cpu: {level: L2}\n"
+        )
+        self.env = {
+            "CI_RELAY_DATABASE_URL": database_url,
+            "CI_RELAY_BROKER_URL": f"redis://{REDIS_HOST}:{REDIS_PORT}/{self.db_number}",
+            "CI_RELAY_DATA_DIR": str(tmp / "data"),
+            "CI_RELAY_WEBHOOK_SECRET": SECRET,
+            "CI_RELAY_POLICY_FILE": str(policy),
+            "CI_RELAY_UPSTREAM_REPO": str(sample.path),
+            "CI_RELAY_SPECS": json.dumps([str(spec)]),
+            "CI_RELAY_TASK_VISIBILITY_TIMEOUT": "20",
+            "CI_RELAY_RECONCILE_AFTER_SECONDS": "2",
+        }
+        self.tmp = tmp
+        self.sample = sample
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.settings = Settings(
+            **{
+                k.removeprefix("CI_RELAY_").lower(): v
+                for k, v in self.env.items()
+                if k != "CI_RELAY_SPECS"
+            },
+            specs=[spec],
+        )  # type: ignore[arg-type]
+        self.rt = Runtime(self.settings)
+        self.rt.db.upgrade()
+
+    def worker_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CI_RELAY_")}
+        env.update(self.env)
+        return env
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        log = (self.tmp / f"worker{len(self.workers)}.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ci_relay", "worker", "--reconcile-every", "1"],
+            env=self.worker_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.workers.append(proc)
+        return proc
+
+    def kill9(self, proc: subprocess.Popen[bytes]) -> None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for proc in self.workers:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+    def serve(self, port: int, broker_url: str | None = None) -> subprocess.Popen[bytes]:
+        env = self.worker_env()
+        if broker_url:
+            env["CI_RELAY_BROKER_URL"] = broker_url
+        log = (self.tmp / "api.log").open("ab")
+        return subprocess.Popen(
+            [sys.executable, "-m", "ci_relay", "serve", "--port", str(port), "--no-worker"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def runs(self) -> list[Run]:
+        with self.rt.db.session() as s:
+            return list(s.scalars(select(Run).order_by(Run.id)))
+
+    def completed(self, count: int = 1) -> bool:
+        runs = self.runs()
+        return len(runs) >= count and all(r.state == "completed" for r in runs)
+
+    def logs(self) -> str:
+        return "\n".join(
+            p.read_text(errors="replace")[-3000:] for p in sorted(self.tmp.glob("*.log"))
+        )
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, sample_upstream: SampleUpstream) -> Iterator[Cluster]:
+    databases = _pg_database()
+    url = next(databases)
+    c = Cluster(tmp_path, url, sample_upstream)
+    try:
+        yield c
+    finally:
+        c.stop_all()
+        c.rt.db.dispose()
+        databases.close()
+
+
+def _post(port: int, sample: SampleUpstream, index: int, delivery: str) -> int:
+    import httpx
+
+    body = json.dumps(pull_request_payload(sample, index)).encode()
+    headers = {
+        "X-GitHub-Event": "pull_request",
+        "X-GitHub-Delivery": delivery,
+        "X-GitHub-Hook-ID": "7",
+        "X-Hub-Signature-256": sign(SECRET, body),
+        "Content-Type": "application/json",
+    }
+    return httpx.post(
+        f"http://127.0.0.1:{port}/webhooks/github", content=body, headers=headers, timeout=30
+    ).status_code
+
+
+def _api(cluster: Cluster) -> tuple[subprocess.Popen[bytes], int]:
+    from ci_relay.demo import free_port
+
+    port = free_port()
+    api = cluster.serve(port)
+    import httpx
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    _wait(up, 60, "the API")
+    return api, port
+
+
+def test_change_flows_to_stored_results(cluster: Cluster) -> None:
+    cluster.start_worker()
+    api, port = _api(cluster)
+    try:
+        assert _post(port, cluster.sample, 2, "flow-1") == 202
+        _wait(cluster.completed, 180, "the run to complete\n" + cluster.logs())
+        (run,) = cluster.runs()
+        assert run.conclusion == "success" and run.counts.get("passed", 0) > 0
+        with cluster.rt.db.session() as s:
+            results = s.scalars(select(TestResult)).all()
+            assert len(results) == sum(run.counts.values())
+            assert any(r.nodeid.endswith("test_transpose_zero_dim_cpu") for r in results)
+    finally:
+        os.killpg(api.pid, signal.SIGTERM)
+        api.wait(timeout=20)
+
+
+def test_worker_killed_mid_task_still_completes_exactly_once(cluster: Cluster) -> None:
+    first = cluster.start_worker()
+    api, port = _api(cluster)
+    try:
+        assert _post(port, cluster.sample, 3, "kill-1") == 202
+
+        def shard_running() -> bool:
+            with cluster.rt.db.session() as s:
+                return (
+                    s.scalar(
+                        select(func.count()).select_from(Shard).where(Shard.state == "running")
+                    )
+                    == 1
+                )
+
+        _wait(shard_running, 120, "the shard to start\n" + cluster.logs())
+        cluster.kill9(first)  # the worker and the test process it started
+        cluster.start_worker()
+        _wait(cluster.completed, 240, "the run to complete after the kill\n" + cluster.logs())
+        (run,) = cluster.runs()
+        with cluster.rt.db.session() as s:
+            shard = s.scalars(select(Shard)).one()
+            assert shard.attempts == 2 and shard.state == "done"
+            nodeids = [r.nodeid for r in s.scalars(select(TestResult))]
+        assert len(nodeids) == len(set(nodeids)) == sum(run.counts.values()) > 0
+    finally:
+        os.killpg(api.pid, signal.SIGTERM)
+        api.wait(timeout=20)
+
+
+def test_broker_restart_with_queued_events_loses_nothing(cluster: Cluster) -> None:
+    api, port = _api(cluster)  # no worker yet: events wait in Redis
+    try:
+        for i, index in enumerate((1, 2, 3)):
+            assert _post(port, cluster.sample, index, f"queued-{i}") == 202
+        assert redis.Redis(REDIS_HOST, REDIS_PORT, db=cluster.db_number).dbsize() > 0
+        # Redis here keeps nothing on disk: a restart drops every queued message
+        subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "shutdown", "nosave"], check=False)
+        _wait(
+            lambda: subprocess.run(["redis-cli", "ping"], capture_output=True).returncode != 0,
+            20,
+            "redis to stop",
+        )
+        subprocess.run(REDIS_START, check=True)
+        _wait(
+            lambda: (
+                subprocess.run(["redis-cli", "ping"], capture_output=True).stdout.strip() == b"PONG"
+            ),
+            20,
+            "redis to start",
+        )
+        assert redis.Redis(REDIS_HOST, REDIS_PORT, db=cluster.db_number).dbsize() == 0
+        cluster.start_worker()
+        _wait(
+            lambda: cluster.completed(3),
+            300,
+            "three runs after the broker restart\n" + cluster.logs(),
+        )
+        with cluster.rt.db.session() as s:
+            assert {d.state for d in s.scalars(select(Delivery))} == {"processed"}
+    finally:
+        subprocess.run(REDIS_START, check=False, capture_output=True)
+        os.killpg(api.pid, signal.SIGTERM)
+        api.wait(timeout=20)
+
+
+def test_api_killed_after_202_the_delivery_is_still_processed(cluster: Cluster) -> None:
+    from ci_relay.demo import free_port
+
+    port = free_port()
+    # a broker that does not answer: the API stores, answers 202, cannot enqueue
+    api = cluster.serve(port, broker_url=f"redis://127.0.0.1:{free_port()}/0")
+    import httpx
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    _wait(up, 60, "the API")
+    assert _post(port, cluster.sample, 4, "api-kill-1") == 202
+    os.killpg(api.pid, signal.SIGKILL)
+    api.wait(timeout=10)
+    with cluster.rt.db.session() as s:
+        assert s.scalars(select(Delivery)).one().state == "received"
+    cluster.start_worker()  # its reconciler finds the stored delivery
+    _wait(cluster.completed, 240, "the run after the API was killed\n" + cluster.logs())
+    assert len(cluster.runs()) == 1
