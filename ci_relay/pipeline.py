@@ -118,11 +118,13 @@ def process_delivery(rt: Runtime, delivery_pk: int) -> list[Next]:
         )
         session.add(change)
         delivery.state = DeliveryState.PROCESSED
-        runs = []
+        runs: list[Run] = []
+        already: list[str] = []
         if intent.runs_tests:
             for backend, level in rt.policy.runs_for(repo_policy, kind, list(labels)):
                 if intent.kind != "rerun" and _has_run(session, intent.head_sha, intent, backend):
-                    continue  # this head already runs on this backend; only a rerun adds one
+                    already.append(backend)  # only a rerun request adds a run for a tested head
+                    continue
                 attempt = 1 + (
                     session.scalar(
                         select(func.max(Run.attempt))
@@ -139,7 +141,12 @@ def process_delivery(rt: Runtime, delivery_pk: int) -> list[Next]:
                 session.add(run)
                 runs.append(run)
         if not runs:
-            delivery.reason = "no backend runs for this change under the policy"
+            note = (
+                f"head already tested on {', '.join(already)}"
+                if already
+                else "no backend runs for this change under the policy"
+            )
+            delivery.reason = f"{delivery.reason}; {note}" if delivery.reason else note
         try:
             session.flush()
         except IntegrityError:  # a concurrent worker processed the same delivery

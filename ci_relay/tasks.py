@@ -45,6 +45,8 @@ def configure(settings: Settings) -> Runtime:
             processed_folder=str(folder / "processed"),
             store_processed=False,
         )
+    celery_app.close()  # drop connections made under earlier settings (tests reconfigure)
+    celery_app.amqp._producer_pool = None
     celery_app.conf.update(
         broker_url=settings.effective_broker_url,
         broker_transport_options=transport,

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Quick start, command 2 (and what CI runs): set up, lint, type-check, run the test suite.
+# Quick start, command 2 (and what CI runs): set up, start Redis and PostgreSQL if down,
+# lint, type-check, run the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 bash scripts/setup.sh
+bash scripts/services.sh
 echo "== ruff" && "$PY" -m ruff check . && "$PY" -m ruff format --check .
 echo "== mypy" && "$PY" -m mypy
 echo "== pytest" && exec "$PY" -m pytest "$@"

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Make sure the services the test suite talks to are up: Redis on 6379, PostgreSQL on 5432.
+# This machine kind starts both before a session; this restarts them if they are down,
+# and installs them from Debian's packages if they are missing.
+set -euo pipefail
+
+need_apt=()
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v pg_ctlcluster >/dev/null || need_apt+=(postgresql)
+if ((${#need_apt[@]})); then
+  echo "services: installing ${need_apt[*]}" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  echo "services: starting Redis" >&2
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+fi
+if ! pg_isready -h 127.0.0.1 -p 5432 -q; then
+  echo "services: starting PostgreSQL" >&2
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start
+fi
+for _ in $(seq 1 60); do
+  if redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && pg_isready -h 127.0.0.1 -p 5432 -q; then
+    psql -h 127.0.0.1 -U postgres -d test -tAc "select 1" >/dev/null 2>&1 \
+      || psql -h 127.0.0.1 -U postgres -tAc "create database test" >/dev/null
+    exit 0
+  fi
+  sleep 1
+done
+echo "services: Redis or PostgreSQL did not come up" >&2
+exit 1
