@@ -1,0 +1,47 @@
+"""Server side of bench_intake.py: the relay app, or a bare 202 endpoint, under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+
+def bare_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/webhooks/github")
+    async def accept(request: Request) -> JSONResponse:
+        await request.body()
+        return JSONResponse({"ok": True}, status_code=202)
+
+    @app.get("/healthz")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def relay_app() -> FastAPI:
+    from ci_relay.app import create_app
+    from ci_relay.settings import Settings
+    from ci_relay.tasks import configure, enqueue
+
+    rt = configure(Settings())
+    rt.db.upgrade()
+    return create_app(rt, enqueue)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["bare", "relay"])
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    app = bare_app() if args.mode == "bare" else relay_app()
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
