@@ -26,12 +26,13 @@ def bare_app() -> FastAPI:
 
 def relay_app() -> FastAPI:
     from ci_relay.app import create_app
+    from ci_relay.publisher import BackgroundPublisher
     from ci_relay.settings import Settings
     from ci_relay.tasks import configure, enqueue
 
     rt = configure(Settings())
     rt.db.upgrade()
-    return create_app(rt, enqueue)
+    return create_app(rt, BackgroundPublisher(enqueue).submit)  # as `ci-relay serve` does
 
 
 def main() -> None:

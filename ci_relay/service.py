@@ -65,18 +65,23 @@ def serve(settings: Settings, host: str, port: int, with_worker: bool) -> None:
     import uvicorn
 
     from ci_relay.app import create_app
+    from ci_relay.publisher import BackgroundPublisher
     from ci_relay.tasks import configure, enqueue
 
     check_can_serve(settings)
     rt = configure(settings)
     rt.db.upgrade()
-    app = create_app(rt, enqueue, lambda: broker_reachable(settings))
+    publisher = BackgroundPublisher(enqueue)
+    app = create_app(rt, publisher.submit, lambda: broker_reachable(settings))
     log.info("ci-relay API on http://%s:%d (database %s)", host, port, rt.db.engine.url)
-    if with_worker:
-        with worker_process(all_queues()):
+    try:
+        if with_worker:
+            with worker_process(all_queues()):
+                uvicorn.run(app, host=host, port=port, log_level="warning")
+        else:
             uvicorn.run(app, host=host, port=port, log_level="warning")
-    else:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        publisher.close()
 
 
 def all_queues() -> str:
