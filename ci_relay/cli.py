@@ -439,12 +439,15 @@ def worker(
     ] = None,
     concurrency: Annotated[int, typer.Option(help="Tasks at once.")] = 2,
     reconcile_every: Annotated[float, typer.Option(help="Seconds between reconciler passes.")] = 15,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve this worker's Prometheus metrics on this port.")
+    ] = None,
 ) -> None:
     """Run a Celery worker for the relay's queues, with the reconciler."""
     from ci_relay.service import all_queues, run_worker
 
     _configure_logging()
-    run_worker(_settings(), queues or all_queues(), concurrency, reconcile_every)
+    run_worker(_settings(), queues or all_queues(), concurrency, reconcile_every, metrics_port)
 
 
 @app.command("replay")
@@ -465,8 +468,6 @@ def replay(
 
 
 def _configure_logging() -> None:
-    import logging
+    from ci_relay.logs import configure_logging
 
-    from ci_relay.service import LOG_FORMAT
-
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    configure_logging()

@@ -70,6 +70,29 @@ def delivery_event(delivery: Delivery) -> tuple[str, dict[str, Any]]:
     return delivery.event, data
 
 
+def delivery_id_of(rt: Runtime, task: str, pk: int) -> str | None:
+    """The GitHub/CRCR delivery id a task's row descends from (for log context)."""
+    with rt.db.session() as session:
+        if task == "process":
+            query = select(Delivery.delivery_id).where(Delivery.id == pk)
+        elif task == "execute":
+            query = (
+                select(Delivery.delivery_id)
+                .join(Change, Change.delivery_pk == Delivery.id)
+                .join(Run, Run.change_id == Change.id)
+                .join(Shard, Shard.run_id == Run.id)
+                .where(Shard.id == pk)
+            )
+        else:
+            query = (
+                select(Delivery.delivery_id)
+                .join(Change, Change.delivery_pk == Delivery.id)
+                .join(Run, Run.change_id == Change.id)
+                .where(Run.id == pk)
+            )
+        return session.scalar(query)
+
+
 def process_delivery(rt: Runtime, delivery_pk: int) -> list[Next]:
     """Turn a received delivery into a change and the runs its policy asks for."""
     with rt.db.session() as session:
@@ -89,6 +112,7 @@ def process_delivery(rt: Runtime, delivery_pk: int) -> list[Next]:
             delivery.state, delivery.reason = DeliveryState.IGNORED, meaning.ignore_reason
         delivery.processed_at = utcnow()
         if delivery.state == DeliveryState.IGNORED or meaning.change is None or not repo_policy:
+            log.info("ignored: %s", delivery.reason)
             return []
         intent = meaning.change
         kind, number, labels, base = intent.kind, intent.number, intent.labels, intent.base_sha
@@ -152,6 +176,15 @@ def process_delivery(rt: Runtime, delivery_pk: int) -> list[Next]:
         except IntegrityError:  # a concurrent worker processed the same delivery
             session.rollback()
             return []
+        log.info(
+            "%s %s at %s: change %s, %d run(s)%s",
+            intent.repository,
+            intent.kind,
+            intent.head_sha[:12],
+            change.id,
+            len(runs),
+            f" ({delivery.reason})" if delivery.reason else "",
+        )
         return [Next("select", run.id) for run in runs]
 
 

@@ -14,8 +14,6 @@ from ci_relay.settings import Settings
 
 log = logging.getLogger("ci_relay.service")
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
-
 
 class ServiceError(RuntimeError):
     pass
@@ -91,10 +89,20 @@ def all_queues() -> str:
     return ",".join([*SHORT_QUEUES, *(exec_queue(b) for b in BACKENDS)])
 
 
-def run_worker(settings: Settings, queues: str, concurrency: int, reconcile_every: float) -> None:
+def run_worker(
+    settings: Settings,
+    queues: str,
+    concurrency: int,
+    reconcile_every: float,
+    metrics_port: int | None = None,
+) -> None:
     """A Celery worker on the given queues, with the reconciler running beside it."""
+    from prometheus_client import start_http_server
+
     from ci_relay.tasks import celery_app, configure, start_reconciler
 
+    if metrics_port:
+        start_http_server(metrics_port, addr="127.0.0.1")  # task durations and outcomes
     rt = configure(settings)
     rt.db.upgrade()
     stop = start_reconciler(reconcile_every)

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from celery import Celery
+from prometheus_client import Counter, Histogram
 from sqlalchemy.exc import OperationalError
 
 from ci_relay import pipeline
+from ci_relay.logs import delivery_context
 from ci_relay.pipeline import Next
 from ci_relay.runtime import Runtime
 from ci_relay.settings import Settings
@@ -22,6 +26,13 @@ from ci_relay.settings import Settings
 log = logging.getLogger("ci_relay.tasks")
 
 celery_app = Celery("ci_relay")
+TASK_SECONDS = Histogram(
+    "ci_relay_task_seconds",
+    "Pipeline step durations in the worker",
+    ["task"],
+    buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600),
+)
+TASKS = Counter("ci_relay_tasks_total", "Pipeline steps run, by outcome", ["task", "outcome"])
 SHORT_QUEUES = ("intake", "select", "report")
 _runtime: Runtime | None = None
 
@@ -98,24 +109,39 @@ RETRY: dict[str, Any] = {
 }
 
 
+def _step(task: str, pk: int, body: Callable[[], list[Next]]) -> None:
+    """Run one pipeline step with its delivery id on every log line, timed for metrics."""
+    started = time.perf_counter()
+    outcome = "ok"
+    try:
+        with delivery_context(pipeline.delivery_id_of(runtime(), task, pk)):
+            enqueue(body())
+    except Exception:
+        outcome = "error"
+        raise
+    finally:
+        TASK_SECONDS.labels(task).observe(time.perf_counter() - started)
+        TASKS.labels(task, outcome).inc()
+
+
 @celery_app.task(name="relay.process_delivery", **RETRY)
 def process_delivery(delivery_pk: int) -> None:
-    enqueue(pipeline.process_delivery(runtime(), delivery_pk))
+    _step("process", delivery_pk, lambda: pipeline.process_delivery(runtime(), delivery_pk))
 
 
 @celery_app.task(name="relay.select", **RETRY)
 def select_tests(run_id: int) -> None:
-    enqueue(pipeline.select_tests(runtime(), run_id))
+    _step("select", run_id, lambda: pipeline.select_tests(runtime(), run_id))
 
 
 @celery_app.task(name="relay.execute_shard", **RETRY)
 def execute_shard(shard_id: int) -> None:
-    enqueue(pipeline.execute_shard(runtime(), shard_id, _stale()))
+    _step("execute", shard_id, lambda: pipeline.execute_shard(runtime(), shard_id, _stale()))
 
 
 @celery_app.task(name="relay.collect", **RETRY)
 def collect(run_id: int) -> None:
-    enqueue(pipeline.collect(runtime(), run_id))
+    _step("collect", run_id, lambda: pipeline.collect(runtime(), run_id))
 
 
 def reconcile_once() -> int:

@@ -84,3 +84,33 @@ def test_embedded_demo_shows_a_change_flowing_to_results(
     assert "-> HTTP 202" in result.stdout
     assert "run 1 on cpu (L3): success" in result.stdout
     assert "results: http://127.0.0.1:" in result.stdout
+
+
+def test_pipeline_logs_are_json_with_the_delivery_id(
+    relay: Relay, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from ci_relay import tasks
+    from ci_relay.logs import configure_logging
+
+    body = (FIXTURES / "pull_request/opened.payload.json").read_bytes()
+    relay.client.post(
+        "/webhooks/github", content=body, headers=headers("pull_request", body, delivery="log-me")
+    )
+    tasks.configure(relay.rt.settings)
+    configure_logging()
+    try:
+        tasks.process_delivery.run(1)  # the task body, as a worker thread runs it
+        tasks.reconcile_once()
+    finally:
+        import logging
+
+        logging.getLogger().handlers.clear()
+    lines = [
+        json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")
+    ]
+    assert lines, "no JSON log lines"
+    assert {line["delivery_id"] for line in lines if line["logger"].startswith("ci_relay")} >= {
+        "log-me"
+    }
+    assert all(set(line) >= {"ts", "level", "logger", "msg", "delivery_id"} for line in lines)
+    assert tasks.TASKS.labels("process", "ok")._value.get() >= 1

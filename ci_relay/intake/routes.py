@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ci_relay.intake.events import summarize
 from ci_relay.intake.signature import verify
+from ci_relay.logs import delivery_context
 from ci_relay.metrics import Metrics
 from ci_relay.pipeline import Next
 from ci_relay.runtime import Runtime
@@ -165,6 +166,10 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
 
     @router.post("/webhooks/github")
     async def github_webhook(request: Request) -> JSONResponse:
+        with delivery_context(request.headers.get("x-github-delivery")):
+            return await _github_webhook(request)
+
+    async def _github_webhook(request: Request) -> JSONResponse:
         started = time.perf_counter()
         event = request.headers.get("x-github-event")
         try:
@@ -231,17 +236,18 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
             return await reject(
                 request, 422, f"envelope field {field}: {first['msg']}", None, started
             )
-        return await accept(
-            request,
-            "dispatch",
-            "crcr",
-            envelope.delivery_id,
-            envelope.event_type,
-            body,
-            {"user-agent": request.headers.get("user-agent", "")},
-            envelope.payload,
-            started,
-        )
+        with delivery_context(envelope.delivery_id):
+            return await accept(
+                request,
+                "dispatch",
+                "crcr",
+                envelope.delivery_id,
+                envelope.event_type,
+                body,
+                {"user-agent": request.headers.get("user-agent", "")},
+                envelope.payload,
+                started,
+            )
 
     return router
 
