@@ -19,6 +19,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from ci_relay import select_cli
 from ci_relay.sample_upstream import SampleUpstreamError, build_sample_upstream
 from ci_relay.settings import Settings
 from ci_relay.spec_run import (
@@ -44,6 +45,7 @@ app = typer.Typer(
 )
 specs_app = typer.Typer(help="Validate and inspect reuse specs.", no_args_is_help=True)
 app.add_typer(specs_app, name="specs")
+select_cli.register(app)
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)

@@ -69,7 +69,7 @@ def select(
     exclude_paths: set[str] | None = None,
     inventory_rev: str | None = None,
 ) -> tuple[TestPlan, ChangeAnalysis]:
-    """Select the tests ``base..head`` needs. Specs paths resolve against the ``upstream`` checkout."""
+    """Select the tests ``base..head`` needs; spec paths resolve in the ``upstream`` checkout."""
     config = config or SelectorConfig()
     repo = Repo(upstream)
     change = analyze(repo, base, head, exclude=exclude_paths)

@@ -9,7 +9,7 @@ from typing import Any
 
 @dataclass(frozen=True, order=True)
 class TestId:
-    """A generic upstream test function: ``test/test_x.py::TestX::test_y`` (never instantiated names)."""
+    """A generic upstream test: ``test/test_x.py::TestX::test_y`` (never instantiated names)."""
 
     __test__ = False
 

@@ -1,0 +1,211 @@
+"""``ci-relay select`` and ``ci-relay select-eval``: the selector from the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from reuse_specs.errors import SpecErrors
+from test_selection.agents import Agent, LLMAgent, LocalAgent, NoAgent
+from test_selection.git import GitError
+from test_selection.inventory import default_cache_dir
+from test_selection.plan import load_durations
+from test_selection.selector import SelectorConfig, select
+from test_selection.types import Budget, PlannedTest, TestPlan
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def make_agent(name: str, cache_dir: Path, llm_url: str | None, llm_model: str | None) -> Agent:
+    """``local`` (offline embeddings), ``llm`` (chat endpoint, falls back to local), ``none``."""
+    if name == "none":
+        return NoAgent()
+    local = LocalAgent(cache_dir)
+    if name == "local":
+        return local
+    if name == "llm":
+        url = llm_url or os.environ.get("CI_RELAY_LLM_URL")
+        model = llm_model or os.environ.get("CI_RELAY_LLM_MODEL")
+        if not url or not model:
+            raise typer.BadParameter(
+                "--agent llm needs --llm-url and --llm-model (or CI_RELAY_LLM_URL/_MODEL)"
+            )
+        return LLMAgent(url, model, os.environ.get("CI_RELAY_LLM_API_KEY"), fallback=local)
+    raise typer.BadParameter(f"unknown agent {name!r} (local, llm, none)")
+
+
+def _config(
+    budget: str,
+    agent: str,
+    shards: int,
+    durations: Path | None,
+    always_run: list[str] | None,
+    llm_url: str | None,
+    llm_model: str | None,
+) -> SelectorConfig:
+    try:
+        parsed = Budget.parse(budget)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--budget") from None
+    cache = default_cache_dir()
+    config = SelectorConfig(
+        budget=parsed,
+        agent=make_agent(agent, cache, llm_url, llm_model),
+        shards=shards,
+        always_run=tuple(always_run or ()),
+        cache_dir=cache,
+    )
+    if durations is not None:
+        try:
+            config.file_seconds = load_durations(durations)
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(f"{durations}: {exc}", param_hint="--durations") from None
+    return config
+
+
+def _explain(plan: TestPlan, test: str) -> None:
+    matches = [(p, True) for p in plan.selected if test in p.test.nodeid] + [
+        (p, False) for p in plan.excluded if test in p.test.nodeid
+    ]
+    if not matches:
+        raise typer.BadParameter(f"{test!r} is not in the universe of {plan.universe_size} tests")
+    for item, chosen in matches[:5]:
+        verdict = f"selected (shard {item.shard})" if chosen else "left out"
+        out.print(f"[bold]{item.test.nodeid}[/]: {verdict}, score {item.score:.2f}", soft_wrap=True)
+        for ev in sorted(item.evidence, key=lambda e: -e.score):
+            out.print(
+                f"  {ev.stage:<10} {ev.source:<18} {ev.score:+.2f}  {ev.reason}", soft_wrap=True
+            )
+
+
+def _table(plan: TestPlan, rows: list[PlannedTest], title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("test", overflow="fold")
+    table.add_column("score", justify="right")
+    table.add_column("shard", justify="right")
+    table.add_column("why", overflow="fold")
+    for item in rows:
+        table.add_row(
+            item.test.nodeid, f"{item.score:.2f}", str(item.shard), "; ".join(item.reasons[:2])
+        )
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("select")
+    def select_command(
+        upstream: Annotated[Path, typer.Option(help="Upstream git checkout.")],
+        base: Annotated[str, typer.Option(help="Base revision.")],
+        head: Annotated[str, typer.Option(help="Head revision.")],
+        spec: Annotated[
+            list[Path] | None, typer.Option(help="Reuse spec(s) bounding the universe.")
+        ] = None,
+        budget: Annotated[str, typer.Option(help="15% | 600s | 200 | all")] = "15%",
+        agent: Annotated[str, typer.Option(help="local | llm | none")] = "local",
+        shards: Annotated[int, typer.Option(min=1, help="Shards to split the selection into.")] = 1,
+        durations: Annotated[
+            Path | None, typer.Option(help="test-times.json for budgets in seconds.")
+        ] = None,
+        always_run: Annotated[
+            list[str] | None, typer.Option(help="Node-id glob always selected.")
+        ] = None,
+        llm_url: Annotated[
+            str | None, typer.Option(help="OpenAI-compatible base URL (…/v1).")
+        ] = None,
+        llm_model: Annotated[str | None, typer.Option(help="Model name for --agent llm.")] = None,
+        as_json: Annotated[
+            bool, typer.Option("--json", help="Print the TestPlan as JSON.")
+        ] = False,
+        explain: Annotated[
+            str | None, typer.Option(help="Show every stage's evidence for a test.")
+        ] = None,
+    ) -> None:
+        """Select the upstream tests a change needs (four stages), with reasons."""
+        config = _config(budget, agent, shards, durations, always_run, llm_url, llm_model)
+        try:
+            with err.status("analysing the change and ranking tests…"):
+                plan, _ = select(upstream, base, head, spec or None, config)
+        except GitError as exc:
+            err.print(f"[bold red]error:[/] {exc}")
+            raise typer.Exit(2) from None
+        except SpecErrors as exc:
+            for error in exc.errors:
+                err.print(str(error), markup=False)
+            raise typer.Exit(2) from None
+        if as_json:
+            print(json.dumps(plan.to_json(), indent=2))
+            return
+        if explain:
+            _explain(plan, explain)
+            return
+        out.print(
+            _table(
+                plan, plan.selected, f"{len(plan.selected)} of {plan.universe_size} tests selected"
+            )
+        )
+        out.print(
+            f"{plan.base[:12]}..{plan.head[:12]}  budget {plan.budget}  agent {plan.agent}  "
+            f"changed files {plan.change['file_count']}  ops {', '.join(plan.change['ops']) or '-'}"
+        )
+        for note in plan.notes:
+            out.print(f"note: {note}", markup=False, soft_wrap=True)
+
+    @app.command("select-eval")
+    def select_eval_command(
+        upstream: Annotated[Path, typer.Option(help="Upstream git repository.")],
+        commits: Annotated[str, typer.Option(help="Revision range, e.g. HEAD~200..HEAD.")],
+        budget: Annotated[str, typer.Option(help="15% | 600s | 200 | all")] = "15%",
+        agent: Annotated[str, typer.Option(help="local | llm | none")] = "local",
+        spec: Annotated[
+            list[Path] | None, typer.Option(help="Reuse spec(s) bounding the universe.")
+        ] = None,
+        max_commits: Annotated[
+            int, typer.Option(help="Evaluate at most this many commits (newest).")
+        ] = 200,
+        as_json: Annotated[bool, typer.Option("--json")] = False,
+    ) -> None:
+        """Replay history: hide each commit's test edits and measure what the selector finds."""
+        from test_selection.evaluate import evaluate
+
+        config = _config(budget, agent, 1, None, None, None, None)
+        try:
+            with err.status("replaying history…") as status:
+                report = evaluate(
+                    upstream,
+                    commits,
+                    config,
+                    spec or None,
+                    max_commits,
+                    lambda i, n, sha: status.update(f"commit {i}/{n} {sha[:12]}"),
+                )
+        except GitError as exc:
+            err.print(f"[bold red]error:[/] {exc}")
+            raise typer.Exit(2) from None
+        data = report.to_json()
+        if as_json:
+            print(json.dumps(data, indent=2))
+            return
+        table = Table(
+            title=f"{data['commits_evaluated']} of {data['commits_seen']} commits "
+            "changed source and tests together"
+        )
+        for column in ("strategy", "test-file recall", "change recall", "selected fraction"):
+            table.add_column(column, justify="right" if column != "strategy" else "left")
+        for name, scores in data["strategies"].items():
+            table.add_row(
+                name,
+                f"{scores['test_file_recall']:.3f}",
+                f"{scores['change_recall']:.3f}",
+                f"{scores['selection_fraction']:.3f}",
+            )
+        out.print(table)
+        out.print(
+            f"budget {budget}, agent {agent}; baselines select as many tests as the selector did"
+        )
