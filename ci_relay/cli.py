@@ -250,6 +250,7 @@ def run_specs(
     backend: str,
     junit: Path | None,
     label: str | None,
+    tests_file: Path | None = None,
 ) -> RunResult:
     """Validate, run with progress, print the summary; the body of ``ci-relay run``."""
     loaded, profile, root = _load_for_run(specs, upstream, backend)
@@ -281,7 +282,9 @@ def run_specs(
 
     with progress:
         result, _ = run_pytest(
-            lambda ini: pytest_args(spec_files, loaded, root, profile, ini, junit, label),
+            lambda ini: pytest_args(
+                spec_files, loaded, root, profile, ini, junit, label, tests_file=tests_file
+            ),
             root,
             on_total,
             on_outcome,
@@ -300,6 +303,10 @@ def run(
     backend: BackendOpt = "cpu",
     junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
     label: LabelOpt = None,
+    tests: Annotated[
+        Path | None,
+        typer.Option("--tests", help="Run only these tests (FILE::Class::test per line)."),
+    ] = None,
 ) -> None:
     """Run the upstream tests a spec covers on a backend.
 
@@ -307,7 +314,9 @@ def run(
     an error, or an unexpected pass of xfail_strict; 2 on bad input (nothing
     run); 3 when tests could not be collected; 4 when nothing was selected.
     """
-    result = run_specs(spec, upstream, backend, junit, label)
+    if tests is not None and not tests.is_file():
+        raise _fail(f"--tests {tests}: no such file")
+    result = run_specs(spec, upstream, backend, junit, label, tests)
     raise typer.Exit(result.exit_code)
 
 

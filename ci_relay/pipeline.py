@@ -39,7 +39,10 @@ from ci_relay.store.models import (
     TestResult,
     utcnow,
 )
-from reuse_specs.loader import load_specs
+from test_selection.agents import agent_by_name
+from test_selection.selector import SelectorConfig
+from test_selection.selector import select as select_tests_for
+from test_selection.types import Budget
 
 log = logging.getLogger("ci_relay.pipeline")
 
@@ -204,13 +207,19 @@ def _has_run(session: Session, head_sha: str, intent: ChangeIntent, backend: str
     ) > 0
 
 
-def select_tests(rt: Runtime, run_id: int) -> list[Next]:
-    """The simplest selection until the selector lands: every test file the specs cover."""
+def select_tests(rt: Runtime, run_id: int, stale_after: timedelta) -> list[Next]:
+    """Run the four-stage selector for a run's change and store its plan and shards."""
     with rt.db.session() as session:
         claimed = _rowcount(
             session,
             update(Run)
-            .where(Run.id == run_id, Run.state == RunState.PENDING)
+            .where(Run.id == run_id)
+            .where(
+                or_(
+                    Run.state == RunState.PENDING,
+                    (Run.state == RunState.SELECTING) & (Run.updated_at < utcnow() - stale_after),
+                )
+            )
             .values(state=RunState.SELECTING, updated_at=utcnow()),
         )
         run = session.get(Run, run_id)
@@ -222,28 +231,52 @@ def select_tests(rt: Runtime, run_id: int) -> list[Next]:
                 for s in run.shards
                 if s.state == ShardState.PENDING
             ]
-        head = run.change.head_sha
-        backend = run.backend
+        head, base, backend = run.change.head_sha, run.change.base_sha, run.backend
     repo = _upstream_repo(rt)
+    settings = rt.settings
+    budget = Budget.parse(settings.selection_budget)
+    if base is None:  # a new branch: compare with the parent, or run everything for a root
+        parent = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{head}^"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        base, budget = (parent, budget) if parent else (head, Budget("all"))
+    cache = settings.data_dir.resolve() / "cache"
+    config = SelectorConfig(
+        budget=budget,
+        agent=agent_by_name(settings.selection_agent, cache),
+        shards=settings.shards_per_run,
+        cache_dir=cache,
+    )
     with worktree(repo, head) as tree:
-        spec = load_specs(rt.specs, tree)
-        files = [str(p.relative_to(tree)) for p in spec.test_files()]
+        plan, _ = select_tests_for(tree, base, head, rt.specs, config)
     with rt.db.session() as session:
         run = session.get(Run, run_id)
         assert run is not None
-        session.add(
-            Selection(
-                run=run,
-                strategy="all-spec-tests",
-                plan={"specs": [str(p) for p in rt.specs], "test_files": files},
-            )
-        )
-        shard = Shard(run=run, index=0, test_files=files)
-        session.add(shard)
-        run.state = RunState.RUNNING
+        session.add(Selection(run=run, strategy=f"four-stage/{plan.agent}", plan=plan.to_json()))
+        shards = [
+            Shard(run=run, index=i, test_files=tests)
+            for i, tests in enumerate(plan.shards)
+            if tests
+        ]
+        session.add_all(shards)
         run.started_at = utcnow()
+        if not shards:
+            run.state, run.conclusion, run.finished_at = RunState.COMPLETED, "neutral", utcnow()
+            log.info("run %s: the selector chose no test", run_id)
+            return []
+        run.state = RunState.RUNNING
         session.flush()
-        return [Next("execute", shard.id, backend)]
+        log.info(
+            "run %s: %d of %d tests selected in %d shard(s)",
+            run_id,
+            len(plan.selected),
+            plan.universe_size,
+            len(shards),
+        )
+        return [Next("execute", shard.id, backend) for shard in shards]
 
 
 def _upstream_repo(rt: Runtime) -> Path:
@@ -278,11 +311,14 @@ def execute_shard(rt: Runtime, shard_id: int, stale_after: timedelta) -> list[Ne
         shard = session.get(Shard, shard_id)
         assert shard is not None
         run_id, backend, head = shard.run_id, shard.run.backend, shard.run.change.head_sha
+        tests = list(shard.test_files)
     with worktree(_upstream_repo(rt), head) as tree, tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
+        tests_file = Path(tmp) / "tests.txt"
+        tests_file.write_text("\n".join(tests) + "\n", encoding="utf-8")
         cmd = [sys.executable, "-m", "ci_relay", "run", "--upstream", str(tree)]
         cmd += [a for spec in rt.specs for a in ("--spec", str(spec))]
-        cmd += ["--backend", backend, "--junit", str(junit)]
+        cmd += ["--backend", backend, "--junit", str(junit), "--tests", str(tests_file)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("CI_RELAY_")}
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         try:
@@ -373,7 +409,12 @@ def reconcile(rt: Runtime, older_than: timedelta, stale_after: timedelta) -> lis
         ):
             out.append(Next("process", pk))
         for run_id in session.scalars(
-            select(Run.id).where(Run.state == RunState.PENDING, Run.updated_at < cutoff)
+            select(Run.id).where(
+                or_(
+                    (Run.state == RunState.PENDING) & (Run.updated_at < cutoff),
+                    (Run.state == RunState.SELECTING) & (Run.updated_at < utcnow() - stale_after),
+                )
+            )
         ):
             out.append(Next("select", run_id))
         for shard in session.scalars(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from reuse_specs.errors import SpecErrors
-from test_selection.agents import Agent, LLMAgent, LocalAgent, NoAgent
+from test_selection.agents import Agent, agent_by_name
 from test_selection.git import GitError
 from test_selection.inventory import default_cache_dir
 from test_selection.plan import load_durations
@@ -23,22 +22,11 @@ out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 
-def make_agent(name: str, cache_dir: Path, llm_url: str | None, llm_model: str | None) -> Agent:
-    """``local`` (offline embeddings), ``llm`` (chat endpoint, falls back to local), ``none``."""
-    if name == "none":
-        return NoAgent()
-    local = LocalAgent(cache_dir)
-    if name == "local":
-        return local
-    if name == "llm":
-        url = llm_url or os.environ.get("CI_RELAY_LLM_URL")
-        model = llm_model or os.environ.get("CI_RELAY_LLM_MODEL")
-        if not url or not model:
-            raise typer.BadParameter(
-                "--agent llm needs --llm-url and --llm-model (or CI_RELAY_LLM_URL/_MODEL)"
-            )
-        return LLMAgent(url, model, os.environ.get("CI_RELAY_LLM_API_KEY"), fallback=local)
-    raise typer.BadParameter(f"unknown agent {name!r} (local, llm, none)")
+def _agent(name: str, cache: Path, llm_url: str | None, llm_model: str | None) -> Agent:
+    try:
+        return agent_by_name(name, cache, llm_url, llm_model)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--agent") from None
 
 
 def _config(
@@ -57,7 +45,7 @@ def _config(
     cache = default_cache_dir()
     config = SelectorConfig(
         budget=parsed,
-        agent=make_agent(agent, cache, llm_url, llm_model),
+        agent=_agent(agent, cache, llm_url, llm_model),
         shards=shards,
         always_run=tuple(always_run or ()),
         cache_dir=cache,

@@ -36,6 +36,12 @@ class Settings(BaseSettings):
     local_demo: bool = Field(default=False, description="allow serving without a webhook secret")
     upstream_repo: Path | None = Field(default=None, description="local git repo of upstream")
     specs: list[Path] = Field(default_factory=list, description="reuse spec files to run")
+    selection_budget: str = Field(default="15%", description="15% | 600s | 200 | all")
+    selection_agent: str = Field(default="local", description="local | llm | none")
+    shards_per_run: int = Field(default=1, ge=1)
+    llm_url: str | None = None
+    llm_model: str | None = None
+    llm_api_key: SecretStr | None = None
     task_visibility_timeout: int = Field(default=4 * 3600, gt=0)
     reconcile_after_seconds: int = Field(default=60, gt=0)
 

@@ -155,15 +155,26 @@ def pytest_args(
     junit: Path | None = None,
     label: str | None = None,
     collect_only: bool = False,
+    tests_file: Path | None = None,
 ) -> list[str]:
     """The pytest command line ``ci-relay run`` uses; usable as-is for a local rerun."""
-    args = [str(p) for p in spec.test_files()]
+    files = spec.test_files()
+    if tests_file is not None:
+        wanted = {
+            line.split("::", 1)[0].strip()
+            for line in tests_file.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")
+        }
+        files = [f for f in files if f.relative_to(upstream.resolve()).as_posix() in wanted]
+    args = [str(p) for p in files]
     args += ["-p", "reuse_specs.pytest_plugin"]
     for path in spec_paths:
         args += ["--reuse-spec", str(path)]
     args += ["--reuse-backend", backend.name, "--reuse-upstream", str(upstream)]
     if label:
         args += ["--reuse-label", label]
+    if tests_file is not None:
+        args += ["--reuse-tests", str(tests_file)]
     args += ["-c", str(ini), "--rootdir", str(upstream), "-p", "no:cacheprovider"]
     args += ["-o", "junit_family=xunit2", "-p", "no:terminal"]
     if junit is not None:

@@ -131,7 +131,7 @@ def process_delivery(delivery_pk: int) -> None:
 
 @celery_app.task(name="relay.select", **RETRY)
 def select_tests(run_id: int) -> None:
-    _step("select", run_id, lambda: pipeline.select_tests(runtime(), run_id))
+    _step("select", run_id, lambda: pipeline.select_tests(runtime(), run_id, _stale()))
 
 
 @celery_app.task(name="relay.execute_shard", **RETRY)

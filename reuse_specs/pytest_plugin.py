@@ -47,6 +47,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="upstream PyTorch checkout (sets ${TORCH_ROOT}); default: $TORCH_ROOT",
     )
     group.addoption(
+        "--reuse-tests",
+        default=None,
+        metavar="FILE",
+        help="run only these generic tests (one FILE::Class::test per line, from a TestPlan)",
+    )
+    group.addoption(
         "--reuse-label",
         default=None,
         metavar="LABEL",
@@ -78,8 +84,16 @@ def pytest_configure(config: pytest.Config) -> None:
     }
     for tag in sorted(tags):
         config.addinivalue_line("markers", f"{tag}: reuse-spec tag")
+    only: set[str] | None = None
+    tests_file = config.getoption("reuse_tests")
+    if tests_file:
+        try:
+            lines = Path(tests_file).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise pytest.UsageError(f"--reuse-tests {tests_file}: {exc.strerror}") from None
+        only = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
     config.pluginmanager.register(
-        ReuseSpecSession(spec, backend, config.getoption("reuse_label")), PLUGIN_NAME
+        ReuseSpecSession(spec, backend, config.getoption("reuse_label"), only), PLUGIN_NAME
     )
 
 
@@ -161,14 +175,37 @@ def _move_tensor_args_to_cpu(instance: Any, method_name: str) -> None:
 class ReuseSpecSession:
     """Per-session state: the merged spec, the backend and every decision made."""
 
-    def __init__(self, spec: LoadedSpec, backend: Backend, label: str | None) -> None:
+    def __init__(
+        self, spec: LoadedSpec, backend: Backend, label: str | None, only: set[str] | None = None
+    ) -> None:
         self.spec = spec
         self.backend = backend
         self.label = label
+        self.only = only
         self.decided: list[tuple[str, TestVariant, Decision]] = []
 
+    def _generic_id(self, variant: TestVariant, root: Path) -> str:
+        try:
+            file = variant.file.relative_to(root).as_posix()
+        except ValueError:
+            file = variant.file.as_posix()
+        parts = [file, variant.class_name, variant.test_name]
+        return "::".join(p for p in parts if p)
+
     @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        if self.only is not None:
+            root = (self.spec.upstream or config.rootpath).resolve()
+            keep: list[pytest.Item] = []
+            dropped: list[pytest.Item] = []
+            for item in items:
+                wanted = self._generic_id(variant_of(item, self.backend), root) in self.only
+                (keep if wanted else dropped).append(item)
+            if dropped:
+                config.hook.pytest_deselected(items=dropped)
+                items[:] = keep
         for item in items:
             variant = variant_of(item, self.backend)
             decision = decide(self.spec, variant, self.label)

@@ -255,3 +255,29 @@ class LLMAgent:
             scored[test].evidence.append(Evidence(STAGE, self.name, score, judgement.reason))
             used += 1
         return Review(self.name, [*base.notes, f"llm ranked {used} of {len(ranked)} candidates"])
+
+
+def agent_by_name(
+    name: str,
+    cache_dir: Path,
+    llm_url: str | None = None,
+    llm_model: str | None = None,
+    api_key: str | None = None,
+) -> Agent:
+    """``local`` (offline embeddings), ``llm`` (chat endpoint, falls back to local), ``none``."""
+    if name == "none":
+        return NoAgent()
+    local = LocalAgent(cache_dir)
+    if name == "local":
+        return local
+    if name == "llm":
+        url = llm_url or os.environ.get("CI_RELAY_LLM_URL")
+        model = llm_model or os.environ.get("CI_RELAY_LLM_MODEL")
+        if not url or not model:
+            raise ValueError(
+                "the llm agent needs a URL and a model (CI_RELAY_LLM_URL, CI_RELAY_LLM_MODEL)"
+            )
+        return LLMAgent(
+            url, model, api_key or os.environ.get("CI_RELAY_LLM_API_KEY"), fallback=local
+        )
+    raise ValueError(f"unknown agent {name!r} (local, llm, none)")

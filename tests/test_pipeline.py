@@ -107,6 +107,7 @@ class Cluster:
             "CI_RELAY_SPECS": json.dumps([str(spec)]),
             "CI_RELAY_TASK_VISIBILITY_TIMEOUT": "20",
             "CI_RELAY_RECONCILE_AFTER_SECONDS": "2",
+            "CI_RELAY_SELECTION_AGENT": "none",
         }
         self.tmp = tmp
         self.sample = sample
