@@ -23,13 +23,13 @@ STAGE = "candidates"
 
 # path/word synonyms: a change under the key also concerns tests named with the values
 SYNONYMS: dict[str, set[str]] = {
-    "refs": {"ops", "ufuncs", "binary", "unary", "reductions"},
-    "prims": {"ops", "ufuncs"},
-    "decomp": {"decomp", "ops", "nn"},
-    "decompositions": {"decomp", "ops", "nn"},
+    "refs": {"ufuncs", "binary", "unary", "reductions"},
+    "prims": {"ufuncs", "binary", "unary"},
+    "decomp": {"decomp", "nn"},
+    "decompositions": {"decomp", "nn"},
     "functional": {"nn", "functional"},
     "nn": {"nn", "modules"},
-    "native": {"ops", "ufuncs", "binary", "unary"},
+    "native": {"ufuncs", "binary", "unary"},
     "view": {"view", "views", "shape"},
     "transpose": {"view", "views"},
     "linalg": {"linalg", "matmul"},
@@ -39,7 +39,20 @@ SYNONYMS: dict[str, set[str]] = {
     "jit": {"jit"},
     "cuda": {"cuda"},
 }
-_STOP = {"torch", "test", "tests", "init", "py", "src", "aten", "yaml", "csrc", "__init__", "_"}
+_STOP = {
+    "torch",
+    "test",
+    "tests",
+    "init",
+    "py",
+    "src",
+    "aten",
+    "yaml",
+    "csrc",
+    "__init__",
+    "_",
+    "ops",
+}
 
 
 @dataclass
@@ -135,7 +148,7 @@ def _words(path: str) -> set[str]:
 
 
 class PathKeywords:
-    """Words of changed source paths (with synonyms) in the test file's name (0.4)."""
+    """Words of changed paths (and synonyms) in the test file's name: 0.2 a word, up to 0.6."""
 
     name = "path-keywords"
 
@@ -152,8 +165,12 @@ class PathKeywords:
             stem = path.rsplit("/", 1)[-1].removesuffix(".py").removeprefix("test_")
             hits = sorted(words & set(stem.split("_")))
             if hits:
+                score = min(0.6, 0.2 * len(hits))
                 for fn in file.tests:
-                    yield fn.id, _ev(self.name, 0.4, f"its file name matches {', '.join(hits[:3])}")
+                    yield (
+                        fn.id,
+                        _ev(self.name, score, f"its file name matches {', '.join(hits[:3])}"),
+                    )
 
 
 class CoChange:
@@ -169,7 +186,7 @@ class CoChange:
         if key not in self._cache:
             try:
                 text = repo.text(
-                    "log", "--no-merges", "--name-only", "--format=\x01", f"-n{limit}", base
+                    "log", "--no-merges", "--name-only", "--format=%x01", f"-n{limit}", base
                 )
             except GitError:
                 text = ""

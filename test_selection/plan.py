@@ -37,7 +37,7 @@ def _file_key(path: str) -> str:
     return path.removeprefix("test/").removesuffix(".py")
 
 
-def test_durations(
+def durations_for(
     tests: list[TestId], file_seconds: Mapping[str, float], learned: Mapping[TestId, float]
 ) -> dict[TestId, float]:
     """Per test: learned from our results, else its file's time split evenly, else a default."""
@@ -97,8 +97,11 @@ def make_plan(
         chosen.append(item)
         spent += cost
     if not chosen and order:
-        notes.append("no test had evidence; ran the first tests of the budget as a safety net")
         chosen = order[: max(1, min(limit_count, universe))]
+    if chosen and all(s.score <= 0 for s in chosen):
+        notes.append(
+            f"no test had evidence; {len(chosen)} test(s) run as a safety net within the budget"
+        )
     chosen_ids = {s.test for s in chosen}
 
     def planned(item: Scored) -> PlannedTest:

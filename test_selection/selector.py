@@ -14,7 +14,7 @@ from test_selection.candidates import Context, Heuristic, collect_evidence
 from test_selection.change_analysis import ChangeAnalysis, analyze
 from test_selection.git import Repo
 from test_selection.inventory import DEFAULT_PATTERNS, Inventory, build_inventory, default_cache_dir
-from test_selection.plan import make_plan, test_durations
+from test_selection.plan import durations_for, make_plan
 from test_selection.types import Budget, Evidence, Scored, TestId, TestPlan
 
 
@@ -88,7 +88,7 @@ def select(
     evidence = collect_evidence(change, inventory, ctx, config.heuristics)
     scored = {t: Scored(t, list(evidence.get(t, []))) for t in sorted(universe)}
     review = config.agent.review(change, scored, inventory)
-    durations = test_durations(sorted(universe), config.file_seconds, config.learned_seconds)
+    durations = durations_for(sorted(universe), config.file_seconds, config.learned_seconds)
     selected, excluded, shards, plan_notes = make_plan(
         scored, config.budget, durations, config.shards, modes
     )
