@@ -18,6 +18,8 @@ from test_selection.plan import load_durations
 from test_selection.selector import SelectorConfig, select
 from test_selection.types import Budget, PlannedTest, TestPlan
 
+PATTERN_HELP = "Glob of test files (repeatable); default: test/test_*.py and test/**/test_*.py."
+
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
@@ -37,6 +39,7 @@ def _config(
     always_run: list[str] | None,
     llm_url: str | None,
     llm_model: str | None,
+    patterns: list[str] | None = None,
 ) -> SelectorConfig:
     try:
         parsed = Budget.parse(budget)
@@ -50,6 +53,8 @@ def _config(
         always_run=tuple(always_run or ()),
         cache_dir=cache,
     )
+    if patterns:
+        config.patterns = tuple(patterns)
     if durations is not None:
         try:
             config.file_seconds = load_durations(durations)
@@ -114,9 +119,10 @@ def register(app: typer.Typer) -> None:
         explain: Annotated[
             str | None, typer.Option(help="Show every stage's evidence for a test.")
         ] = None,
+        pattern: Annotated[list[str] | None, typer.Option(help=PATTERN_HELP)] = None,
     ) -> None:
         """Select the upstream tests a change needs (four stages), with reasons."""
-        config = _config(budget, agent, shards, durations, always_run, llm_url, llm_model)
+        config = _config(budget, agent, shards, durations, always_run, llm_url, llm_model, pattern)
         try:
             with err.status("analysing the change and ranking tests…"):
                 plan, _ = select(upstream, base, head, spec or None, config)
@@ -157,12 +163,13 @@ def register(app: typer.Typer) -> None:
         max_commits: Annotated[
             int, typer.Option(help="Evaluate at most this many commits (newest).")
         ] = 200,
+        pattern: Annotated[list[str] | None, typer.Option(help=PATTERN_HELP)] = None,
         as_json: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Replay history: hide each commit's test edits and measure what the selector finds."""
         from test_selection.evaluate import evaluate
 
-        config = _config(budget, agent, 1, None, None, None, None)
+        config = _config(budget, agent, 1, None, None, None, None, pattern)
         try:
             with err.status("replaying history…") as status:
                 report = evaluate(

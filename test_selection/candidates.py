@@ -16,7 +16,7 @@ from typing import Protocol
 
 from test_selection.change_analysis import ChangeAnalysis
 from test_selection.git import GitError, Repo
-from test_selection.inventory import Inventory, TestFunction, is_test_path
+from test_selection.inventory import Inventory, TestFunction
 from test_selection.types import Evidence, TestId
 
 STAGE = "candidates"
@@ -75,7 +75,8 @@ class Heuristic(Protocol):
 
 
 def _ev(source: str, score: float, reason: str) -> Evidence:
-    return Evidence(STAGE, source, max(-1.0, min(1.0, score)), reason)
+    clamped = -1.0 if score < -1.0 else 1.0 if score > 1.0 else score
+    return Evidence(STAGE, source, clamped, reason)
 
 
 class EditedByChange:
@@ -90,7 +91,7 @@ class EditedByChange:
         for test in touched:
             verb = "adds" if test in change.tests_added else "edits"
             yield test, _ev(self.name, 1.0, f"the change {verb} this test")
-        edited_files = {f.path for f in change.files if is_test_path(f.path)}
+        edited_files = {f.path for f in change.files if f.path in inventory.files}
         for path in edited_files:
             file = inventory.files.get(path)
             for fn in file.tests if file else []:
@@ -112,9 +113,7 @@ class ReferencesChange:
         tests = inventory.tests()
         if not tests or not (change.ops or change.names):
             return
-        doc_freq: Counter[str] = Counter()
-        for fn in tests:
-            doc_freq.update(set(fn.references))
+        doc_freq = inventory.reference_counts
         total = len(tests)
 
         def rarity(name: str) -> float:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from test_selection.git import Repo
-from test_selection.inventory import is_test_path
+from test_selection.inventory import DEFAULT_PATTERNS, is_test_path
 from test_selection.types import TestId
 
 MAX_FILES = 5000  # past this, symbols are not parsed (a merge or vendor drop): paths only
@@ -53,10 +53,11 @@ class ChangeAnalysis:
     ops: set[str] = field(default_factory=set)
     parse_errors: list[str] = field(default_factory=list)
     truncated: bool = False
+    patterns: tuple[str, ...] = DEFAULT_PATTERNS
 
     @property
     def source_files(self) -> list[FileChange]:
-        return [f for f in self.files if not is_test_path(f.path)]
+        return [f for f in self.files if not is_test_path(f.path, self.patterns)]
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -148,6 +149,7 @@ def analyze(
     base: str,
     head: str,
     exclude: set[str] | None = None,
+    patterns: tuple[str, ...] = DEFAULT_PATTERNS,
 ) -> ChangeAnalysis:
     """Compare ``base`` and ``head``; ``exclude`` hides paths (select-eval hides test edits)."""
     base_sha, head_sha = repo.resolve(base), repo.resolve(head)
@@ -168,7 +170,7 @@ def analyze(
     for path in list(files):
         if path in exclude:
             del files[path]
-    analysis = ChangeAnalysis(base_sha, head_sha, list(files.values()))
+    analysis = ChangeAnalysis(base_sha, head_sha, list(files.values()), patterns=patterns)
     if len(files) > MAX_FILES:
         analysis.truncated = True
         analysis.parse_errors.append(
@@ -204,7 +206,7 @@ def analyze(
             analysis.names.add(name.rsplit(".", 1)[-1])
         if any(path.startswith(d) for d in _OP_SOURCE_DIRS):
             analysis.ops |= {n.rsplit(".", 1)[-1] for n in changed if not n.startswith("_")}
-        if is_test_path(path):
+        if is_test_path(path, patterns):
             for name in changed:
                 cls, _, func = name.rpartition(".")
                 if not func.startswith("test"):

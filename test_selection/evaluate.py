@@ -16,7 +16,7 @@ from typing import Any
 
 from test_selection.candidates import CoChange, PathKeywords
 from test_selection.git import Repo
-from test_selection.inventory import is_test_path
+from test_selection.inventory import DEFAULT_PATTERNS, is_test_path
 from test_selection.selector import SelectorConfig, select
 from test_selection.types import Budget
 
@@ -63,12 +63,14 @@ class EvalReport:
         }
 
 
-def _changed(repo: Repo, sha: str) -> tuple[set[str], set[str]]:
+def _changed(
+    repo: Repo, sha: str, patterns: tuple[str, ...] = DEFAULT_PATTERNS
+) -> tuple[set[str], set[str]]:
     """(test files edited that existed before, source files changed) of one commit."""
     tests, sources = set(), set()
     for line in repo.text("diff", "--name-status", "--no-renames", f"{sha}^", sha).splitlines():
         status, _, path = line.partition("\t")
-        if is_test_path(path):
+        if is_test_path(path, patterns):
             if status != "A":
                 tests.add(path)
         elif path.endswith((".py", ".yaml", ".yml", ".cpp", ".h", ".cu")):
@@ -93,7 +95,7 @@ def evaluate(
             parent = repo.resolve(f"{sha}^")
         except Exception:
             continue  # the root commit has nothing to compare with
-        tests, sources = _changed(repo, sha)
+        tests, sources = _changed(repo, sha, config.patterns)
         if tests and sources:
             candidates.append((parent, sha, tests))
     candidates = candidates[-max_commits:]
@@ -102,7 +104,9 @@ def evaluate(
         if progress:
             progress(i, len(candidates), sha)
         hidden = truth | {
-            p for p in repo.text("diff", "--name-only", parent, sha).split() if is_test_path(p)
+            p
+            for p in repo.text("diff", "--name-only", parent, sha).split()
+            if is_test_path(p, config.patterns)
         }
         plan, _ = select(
             upstream, parent, sha, specs, config, exclude_paths=hidden, inventory_rev=parent

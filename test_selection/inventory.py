@@ -11,7 +11,9 @@ import fnmatch
 import hashlib
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +75,26 @@ class Inventory:
     files: dict[str, TestFile] = field(default_factory=dict)
 
     def tests(self) -> list[TestFunction]:
+        return self._tests
+
+    @cached_property
+    def _tests(self) -> list[TestFunction]:
         return [t for f in self.files.values() for t in f.tests]
 
     def by_id(self) -> dict[TestId, TestFunction]:
-        return {t.id: t for t in self.tests()}
+        return self._by_id
+
+    @cached_property
+    def _by_id(self) -> dict[TestId, TestFunction]:
+        return {t.id: t for t in self._tests}
+
+    @cached_property
+    def reference_counts(self) -> Counter[str]:
+        """How many tests use each name (rare names are stronger evidence)."""
+        counts: Counter[str] = Counter()
+        for test in self._tests:
+            counts.update(test.references)
+        return counts
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -228,9 +246,13 @@ def build_inventory(
     cache = InventoryCache(cache_dir or default_cache_dir())
     tree = repo.tree_id(rev)
     key = hashlib.sha256(f"{tree}|{'|'.join(patterns)}".encode()).hexdigest()
+    memory_key = f"{cache.root}|{key}"
+    if memory_key in _MEMORY:
+        return _MEMORY[memory_key]
     cached = cache.load("tree", key)
     if cached is not None:
-        return Inventory(tree, {p: _file_from_json(f) for p, f in cached.items()})
+        files = {p: _file_from_json(f) for p, f in cached.items()}
+        return _remember(memory_key, Inventory(tree, files))
     files = {p: b for p, b in repo.ls_tree(rev).items() if is_test_path(p, patterns)}
     inventory = Inventory(tree)
     missing: list[tuple[str, str]] = []
@@ -250,4 +272,15 @@ def build_inventory(
                 "blob", f"{blob}-{hashlib.sha1(path.encode()).hexdigest()[:8]}", _file_json(parsed)
             )
     cache.store("tree", key, {p: _file_json(f) for p, f in inventory.files.items()})
+    return _remember(memory_key, inventory)
+
+
+_MEMORY: dict[str, Inventory] = {}
+_MEMORY_SIZE = 4  # a worker keeps the last few trees it saw in memory
+
+
+def _remember(key: str, inventory: Inventory) -> Inventory:
+    if len(_MEMORY) >= _MEMORY_SIZE:
+        _MEMORY.pop(next(iter(_MEMORY)))
+    _MEMORY[key] = inventory
     return inventory

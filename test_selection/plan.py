@@ -54,6 +54,8 @@ def durations_for(
 
 
 def _reasons(item: Scored) -> list[str]:
+    if not item.evidence:
+        return []
     return [e.reason for e in sorted(item.evidence, key=lambda e: -e.score) if e.score > 0][:5]
 
 
@@ -67,7 +69,8 @@ def make_plan(
     """Choose within the budget; mandatory tests always run; LPT sharding of the chosen."""
     modes = modes or {}
     notes: list[str] = []
-    order = sorted(scored.values(), key=lambda s: (-s.score, s.test))
+    score = {test: item.score for test, item in scored.items()}
+    order = sorted(scored.values(), key=lambda s: (-score[s.test], s.test.sort_key))
     universe = len(order)
     if budget.kind == "all":
         limit_count, limit_seconds = universe, float("inf")
@@ -77,6 +80,7 @@ def make_plan(
         limit_count, limit_seconds = max(1, round(universe * budget.value)), float("inf")
     else:
         limit_count, limit_seconds = universe, budget.value
+    any_evidence = any(v > 0 for v in score.values())
     chosen: list[Scored] = [s for s in order if s.mandatory]
     spent = sum(durations[s.test] for s in chosen)
     if len(chosen) > limit_count or spent > limit_seconds:
@@ -91,14 +95,14 @@ def make_plan(
         cost = durations[item.test]
         if spent + cost > limit_seconds:
             continue
-        if item.score <= 0 and budget.kind != "all" and any(s.score > 0 for s in order):
+        if score[item.test] <= 0 and budget.kind != "all" and any_evidence:
             # fill with zero-evidence tests only when nothing at all has evidence
             break
         chosen.append(item)
         spent += cost
     if not chosen and order:
         chosen = order[: max(1, min(limit_count, universe))]
-    if chosen and all(s.score <= 0 for s in chosen):
+    if chosen and all(score[s.test] <= 0 for s in chosen):
         notes.append(
             f"no test had evidence; {len(chosen)} test(s) run as a safety net within the budget"
         )
@@ -107,7 +111,7 @@ def make_plan(
     def planned(item: Scored) -> PlannedTest:
         return PlannedTest(
             item.test,
-            item.score,
+            score[item.test],
             _reasons(item),
             list(item.evidence),
             durations[item.test],
@@ -119,7 +123,7 @@ def make_plan(
     loads = [(0.0, i) for i in range(max(1, shards))]
     heapq.heapify(loads)
     shard_lists: list[list[str]] = [[] for _ in range(max(1, shards))]
-    for test in sorted(selected, key=lambda p: (-p.duration, p.test)):
+    for test in sorted(selected, key=lambda p: (-p.duration, p.test.sort_key)):
         load, index = heapq.heappop(loads)
         test.shard = index
         shard_lists[index].append(test.test.nodeid)

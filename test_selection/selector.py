@@ -72,7 +72,7 @@ def select(
     """Select the tests ``base..head`` needs; spec paths resolve in the ``upstream`` checkout."""
     config = config or SelectorConfig()
     repo = Repo(upstream)
-    change = analyze(repo, base, head, exclude=exclude_paths)
+    change = analyze(repo, base, head, exclude=exclude_paths, patterns=config.patterns)
     inventory = build_inventory(
         repo, inventory_rev or change.head, config.patterns, config.cache_dir
     )
@@ -86,9 +86,11 @@ def select(
         config.history_commits,
     )
     evidence = collect_evidence(change, inventory, ctx, config.heuristics)
-    scored = {t: Scored(t, list(evidence.get(t, []))) for t in sorted(universe)}
+    scored = {
+        t: Scored(t, list(evidence.get(t, []))) for t in sorted(universe, key=lambda t: t.sort_key)
+    }
     review = config.agent.review(change, scored, inventory)
-    durations = durations_for(sorted(universe), config.file_seconds, config.learned_seconds)
+    durations = durations_for(list(scored), config.file_seconds, config.learned_seconds)
     selected, excluded, shards, plan_notes = make_plan(
         scored, config.budget, durations, config.shards, modes
     )
