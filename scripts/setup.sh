@@ -10,4 +10,4 @@ if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.__version__.startswith("2.
   echo "setup: installing torch 2.13.0 (CPU)" >&2
   "$PY" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
 fi
-"$PY" -m pip install --quiet --disable-pip-version-check -e ".[torch,dev]"
+"$PY" -m pip install --quiet --disable-pip-version-check -e ".[torch,agent,dev]"
