@@ -246,7 +246,13 @@ def select_tests(rt: Runtime, run_id: int, stale_after: timedelta) -> list[Next]
     cache = settings.data_dir.resolve() / "cache"
     config = SelectorConfig(
         budget=budget,
-        agent=agent_by_name(settings.selection_agent, cache),
+        agent=agent_by_name(
+            settings.selection_agent,
+            cache,
+            settings.llm_url,
+            settings.llm_model,
+            settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+        ),
         shards=settings.shards_per_run,
         cache_dir=cache,
     )

@@ -251,8 +251,8 @@ def build_inventory(
         return _MEMORY[memory_key]
     cached = cache.load("tree", key)
     if cached is not None:
-        files = {p: _file_from_json(f) for p, f in cached.items()}
-        return _remember(memory_key, Inventory(tree, files))
+        loaded = {p: _file_from_json(f) for p, f in cached.items()}
+        return _remember(memory_key, Inventory(tree, loaded))
     files = {p: b for p, b in repo.ls_tree(rev).items() if is_test_path(p, patterns)}
     inventory = Inventory(tree)
     missing: list[tuple[str, str]] = []

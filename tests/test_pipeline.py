@@ -25,7 +25,7 @@ from ci_relay.intake.signature import sign
 from ci_relay.runtime import Runtime
 from ci_relay.sample_upstream import SampleUpstream
 from ci_relay.settings import Settings
-from ci_relay.store.models import Delivery, Run, Shard, TestResult
+from ci_relay.store.models import Delivery, Run, Selection, Shard, TestResult
 from tests.relay_fixtures import SECRET
 
 pytestmark = pytest.mark.slow
@@ -238,6 +238,12 @@ def test_change_flows_to_stored_results(cluster: Cluster) -> None:
             results = s.scalars(select(TestResult)).all()
             assert len(results) == sum(run.counts.values())
             assert any(r.nodeid.endswith("test_transpose_zero_dim_cpu") for r in results)
+            plan = s.scalars(select(Selection)).one().plan
+        # the stored plan says why: the commit adds test_transpose_zero_dim
+        chosen = {item["test"]: item for item in plan["selected"]}
+        added = chosen["test/test_view_ops.py::TestViewOps::test_transpose_zero_dim"]
+        assert "the change adds this test" in added["reasons"]
+        assert plan["universe_size"] >= len(plan["selected"])
     finally:
         os.killpg(api.pid, signal.SIGTERM)
         api.wait(timeout=20)
