@@ -26,7 +26,7 @@ from ci_relay.runtime import Runtime
 from ci_relay.sample_upstream import SampleUpstream
 from ci_relay.settings import Settings
 from ci_relay.store.models import Delivery, Run, Selection, Shard, TestResult
-from tests.relay_fixtures import SECRET
+from tests.relay_fixtures import SECRET, fresh_postgres_database
 
 pytestmark = pytest.mark.slow
 
@@ -64,25 +64,6 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def _pg_database() -> Iterator[str]:
-    import uuid
-
-    from sqlalchemy import create_engine, text
-
-    from tests.relay_fixtures import POSTGRES_ADMIN_URL
-
-    name = f"relay_pipe_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield f"{POSTGRES_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 class Cluster:
@@ -182,15 +163,13 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path: Path, sample_upstream: SampleUpstream) -> Iterator[Cluster]:
-    databases = _pg_database()
-    url = next(databases)
-    c = Cluster(tmp_path, url, sample_upstream)
-    try:
-        yield c
-    finally:
-        c.stop_all()
-        c.rt.db.dispose()
-        databases.close()
+    with fresh_postgres_database() as url:
+        c = Cluster(tmp_path, url, sample_upstream)
+        try:
+            yield c
+        finally:
+            c.stop_all()
+            c.rt.db.dispose()
 
 
 def _post(port: int, sample: SampleUpstream, index: int, delivery: str) -> int:
