@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -21,7 +21,6 @@ from rich.table import Table
 
 from ci_relay import select_cli
 from ci_relay.sample_upstream import SampleUpstreamError, build_sample_upstream
-from ci_relay.settings import Settings
 from ci_relay.spec_run import (
     BAD_OUTCOMES,
     EXIT_BAD_INPUT,
@@ -35,6 +34,9 @@ from reuse_specs.backends import BACKENDS, Backend, UnknownBackend, get_backend
 from reuse_specs.errors import SpecErrors
 from reuse_specs.loader import LoadedSpec, load_specs
 from reuse_specs.upstream_check import check_against_upstream
+
+if TYPE_CHECKING:
+    from ci_relay.settings import Settings
 
 BUNDLED_SPECS = Path(__file__).resolve().parent.parent / "reuse_specs" / "specs"
 
@@ -408,6 +410,8 @@ def demo(
 
 def _settings(**overrides: object) -> Settings:
     from pydantic import ValidationError
+
+    from ci_relay.settings import Settings
 
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]

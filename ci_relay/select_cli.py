@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from reuse_specs.errors import SpecErrors
-from test_selection.agents import Agent, agent_by_name
-from test_selection.git import GitError
-from test_selection.inventory import default_cache_dir
-from test_selection.plan import load_durations
-from test_selection.selector import SelectorConfig, select
-from test_selection.types import Budget, PlannedTest, TestPlan
+
+if TYPE_CHECKING:  # the selector is imported when a command runs, not on every start
+    from test_selection.agents import Agent
+    from test_selection.selector import SelectorConfig
+    from test_selection.types import PlannedTest, TestPlan
 
 PATTERN_HELP = "Glob of test files (repeatable); default: test/test_*.py and test/**/test_*.py."
 
@@ -25,6 +24,8 @@ err = Console(stderr=True, highlight=False)
 
 
 def _agent(name: str, cache: Path, llm_url: str | None, llm_model: str | None) -> Agent:
+    from test_selection.agents import agent_by_name
+
     try:
         return agent_by_name(name, cache, llm_url, llm_model)
     except ValueError as exc:
@@ -41,6 +42,11 @@ def _config(
     llm_model: str | None,
     patterns: list[str] | None = None,
 ) -> SelectorConfig:
+    from test_selection.inventory import default_cache_dir
+    from test_selection.plan import load_durations
+    from test_selection.selector import SelectorConfig
+    from test_selection.types import Budget
+
     try:
         parsed = Budget.parse(budget)
     except ValueError as exc:
@@ -122,6 +128,9 @@ def register(app: typer.Typer) -> None:
         pattern: Annotated[list[str] | None, typer.Option(help=PATTERN_HELP)] = None,
     ) -> None:
         """Select the upstream tests a change needs (four stages), with reasons."""
+        from test_selection.git import GitError
+        from test_selection.selector import select
+
         config = _config(budget, agent, shards, durations, always_run, llm_url, llm_model, pattern)
         try:
             with err.status("analysing the change and ranking tests…"):
@@ -168,6 +177,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Replay history: hide each commit's test edits and measure what the selector finds."""
         from test_selection.evaluate import evaluate
+        from test_selection.git import GitError
 
         config = _config(budget, agent, 1, None, None, None, None, pattern)
         try:

@@ -40,13 +40,25 @@ def broker_reachable(settings: Settings) -> bool:
         return False
 
 
+def _die_with_parent() -> None:
+    """Linux: the embedded worker gets SIGTERM when the API process ends, however it ends.
+
+    uvicorn re-raises the signal that stopped it, so cleanup code after it never runs.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 @contextmanager
 def worker_process(
     queues: str, env: dict[str, str] | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A ``ci-relay worker`` child process, stopped (warm shutdown) on exit."""
     cmd = [sys.executable, "-m", "ci_relay", "worker", "--queues", queues]
-    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)
     try:
         yield proc
     finally:

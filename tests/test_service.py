@@ -114,3 +114,53 @@ def test_pipeline_logs_are_json_with_the_delivery_id(
     }
     assert all(set(line) >= {"ts", "level", "logger", "msg", "delivery_id"} for line in lines)
     assert tasks.TASKS.labels("process", "ok")._value.get() >= 1
+
+
+@pytest.mark.slow
+def test_embedded_worker_never_outlives_the_api(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from ci_relay.demo import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CI_RELAY_")}
+    env["CI_RELAY_DATA_DIR"] = str(tmp_path / "data")
+    api = subprocess.Popen(
+        [sys.executable, "-m", "ci_relay", "serve", "--port", str(port), "--local-demo"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        children: list[int] = []
+        while time.monotonic() < deadline and not children:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    out = subprocess.run(
+                        ["pgrep", "-P", str(api.pid)], capture_output=True, text=True
+                    )
+                    children = [int(p) for p in out.stdout.split()]
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        assert children, "the embedded worker did not start"
+        api.send_signal(signal.SIGKILL)  # no cleanup code runs in the API process
+        api.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{c}") for c in children):
+            time.sleep(0.2)
+        for child in children:
+            stat = Path(f"/proc/{child}/stat")
+            assert not stat.exists() or stat.read_text().split()[2] == "Z", (
+                f"worker {child} outlived the API"
+            )
+    finally:
+        if api.poll() is None:
+            api.kill()
