@@ -20,11 +20,10 @@ from rich.progress import (
 from rich.table import Table
 
 from ci_relay import select_cli
+from ci_relay.outcomes import BAD_OUTCOMES, OUTCOMES
 from ci_relay.sample_upstream import SampleUpstreamError, build_sample_upstream
 from ci_relay.spec_run import (
-    BAD_OUTCOMES,
     EXIT_BAD_INPUT,
-    OUTCOMES,
     RunResult,
     TestOutcome,
     pytest_args,
@@ -253,6 +252,7 @@ def run_specs(
     junit: Path | None,
     label: str | None,
     tests_file: Path | None = None,
+    extra: list[str] | None = None,
 ) -> RunResult:
     """Validate, run with progress, print the summary; the body of ``ci-relay run``."""
     loaded, profile, root = _load_for_run(specs, upstream, backend)
@@ -285,7 +285,15 @@ def run_specs(
     with progress:
         result, _ = run_pytest(
             lambda ini: pytest_args(
-                spec_files, loaded, root, profile, ini, junit, label, tests_file=tests_file
+                spec_files,
+                loaded,
+                root,
+                profile,
+                ini,
+                junit,
+                label,
+                tests_file=tests_file,
+                extra=extra,
             ),
             root,
             on_total,
@@ -309,6 +317,23 @@ def run(
         Path | None,
         typer.Option("--tests", help="Run only these tests (FILE::Class::test per line)."),
     ] = None,
+    deselect: Annotated[
+        Path | None, typer.Option(help="Leave out these pytest node ids (one per line).")
+    ] = None,
+    progress: Annotated[
+        Path | None, typer.Option(help="Append a JSON line per test start and result here.")
+    ] = None,
+    per_test_timeout: Annotated[
+        float | None, typer.Option(help="End the run when one test takes longer (seconds).")
+    ] = None,
+    runtime: Annotated[
+        str | None,
+        typer.Option(
+            help="Run in isolated child processes: sandbox (bubblewrap) or local "
+            "(development only). Crashes and hangs then cost one test, not the run."
+        ),
+    ] = None,
+    memory_mb: Annotated[int, typer.Option(help="Memory limit per test process (MiB).")] = 4096,
 ) -> None:
     """Run the upstream tests a spec covers on a backend.
 
@@ -318,8 +343,99 @@ def run(
     """
     if tests is not None and not tests.is_file():
         raise _fail(f"--tests {tests}: no such file")
-    result = run_specs(spec, upstream, backend, junit, label, tests)
+    if runtime is not None:
+        code = _run_isolated(
+            spec, upstream, backend, junit, tests, runtime, per_test_timeout, memory_mb
+        )
+        raise typer.Exit(code)
+    extra: list[str] = []
+    if deselect is not None:
+        extra += ["--reuse-deselect", str(deselect)]
+    if progress is not None:
+        extra += ["-p", "ci_relay.progress_plugin", "--progress-log", str(progress)]
+        if per_test_timeout:
+            extra += ["--per-test-timeout", str(per_test_timeout)]
+    result = run_specs(spec, upstream, backend, junit, label, tests, extra)
     raise typer.Exit(result.exit_code)
+
+
+def _all_generic_tests(loaded: LoadedSpec, root: Path) -> list[str]:
+    from reuse_specs.upstream_index import index_test_file
+
+    out = []
+    for path in loaded.test_files():
+        rel = path.relative_to(root).as_posix()
+        index = index_test_file(path)
+        out += [
+            f"{rel}::{cls}::{m}" for cls, methods in index.classes.items() for m in sorted(methods)
+        ]
+        out += [f"{rel}::{f}" for f in sorted(index.functions) if f.startswith("test")]
+    return out
+
+
+def _run_isolated(
+    specs: list[Path],
+    upstream: Path | None,
+    backend: str,
+    junit: Path | None,
+    tests_file: Path | None,
+    runtime_name: str,
+    per_test_timeout: float | None,
+    memory_mb: int,
+) -> int:
+    """The shard runner: child processes in a runtime, resumed after every crash."""
+    import tempfile
+
+    from ci_relay.execution.runtimes import Limits, RuntimeUnavailable, get_runtime
+    from ci_relay.execution.shard import ShardRequest, run_shard
+    from ci_relay.junit import CaseResult, write_junit
+
+    loaded, profile, root = _load_for_run(specs, upstream, backend)
+    try:
+        runtime = get_runtime(runtime_name)
+    except RuntimeUnavailable as exc:
+        raise _fail(str(exc)) from None
+    if runtime.name == "local":
+        err.print("[yellow]runtime local: no isolation (development only)[/]")
+    if tests_file is not None:
+        tests = [t.strip() for t in tests_file.read_text().splitlines() if t.strip()]
+    else:
+        tests = _all_generic_tests(loaded, root)
+    with tempfile.TemporaryDirectory(prefix="ci-relay-shard-") as scratch:
+        request = ShardRequest(
+            tests=tests,
+            specs=[p.resolve() for p in _spec_files(specs)],
+            upstream=root,
+            scratch=Path(scratch),
+            backend=profile.name,
+            per_test_timeout=per_test_timeout or 600.0,
+            limits=Limits(memory_mb=memory_mb),
+        )
+        with err.status(f"{runtime.name}: running {len(tests)} test(s)…"):
+            report = run_shard(runtime, request)
+    result = RunResult(
+        outcomes=[
+            TestOutcome(r.nodeid, r.outcome, r.mode, r.duration, r.message)
+            for r in report.results.values()
+        ]
+    )
+    if report.error:
+        result.collection_errors.append(report.error + "\n" + "\n".join(report.log[-1:]))
+    _summary(result)
+    flaky = [r.nodeid for r in report.results.values() if r.flaky]
+    for nodeid in flaky:
+        out.print(f"[yellow]FLAKY[/] {nodeid}", soft_wrap=True)
+    out.print(f"{runtime.name}: {report.processes} process(es), {len(report.crashed)} crashed")
+    if junit is not None:
+        write_junit(
+            junit,
+            [
+                CaseResult(o.nodeid, o.outcome, o.mode, o.duration, o.message)
+                for o in result.outcomes
+            ],
+        )
+        out.print(f"JUnit XML: {junit}")
+    return result.exit_code
 
 
 @app.command("sample-upstream")

@@ -43,3 +43,43 @@ def parse_junit(path: Path) -> list[CaseResult]:
             )
         )
     return results
+
+
+def write_junit(path: Path, cases: list[CaseResult], suite: str = "ci-relay") -> None:
+    """JUnit XML (xunit2 shape) for results gathered outside one pytest session."""
+    root = ET.Element("testsuites")
+    failures = sum(c.outcome in ("failed", "xpass_strict") for c in cases)
+    errors = sum(c.outcome in ("error", "crashed") for c in cases)
+    skipped = sum(c.outcome in ("skipped", "xfailed") for c in cases)
+    element = ET.SubElement(
+        root,
+        "testsuite",
+        name=suite,
+        tests=str(len(cases)),
+        failures=str(failures),
+        errors=str(errors),
+        skipped=str(skipped),
+    )
+    for case in cases:
+        classname, _, name = case.nodeid.rpartition("::")
+        node = ET.SubElement(
+            element,
+            "testcase",
+            classname=classname.replace("/", ".").replace("::", "."),
+            name=name,
+            time=f"{case.duration:.3f}",
+        )
+        if case.mode:
+            props = ET.SubElement(node, "properties")
+            ET.SubElement(props, "property", name="reuse_spec.mode", value=case.mode)
+        message = case.message or ""
+        if case.outcome in ("failed", "xpass_strict"):
+            ET.SubElement(node, "failure", message=message)
+        elif case.outcome in ("error", "crashed"):
+            ET.SubElement(node, "error", message=message, type=case.outcome)
+        elif case.outcome == "xfailed":
+            ET.SubElement(node, "skipped", type="pytest.xfail", message=message)
+        elif case.outcome == "skipped":
+            ET.SubElement(node, "skipped", type="pytest.skip", message=message)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)

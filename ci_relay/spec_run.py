@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ci_relay.outcomes import BAD_OUTCOMES, classify, short_message
 from reuse_specs.backends import Backend
 from reuse_specs.loader import LoadedSpec
 from reuse_specs.matching import Decision, TestVariant
@@ -26,9 +27,6 @@ EXIT_TESTS_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INFRASTRUCTURE = 3
 EXIT_NOTHING_SELECTED = 4
-
-OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "xpass_strict", "skipped", "error")
-BAD_OUTCOMES = frozenset({"failed", "xpass_strict", "error"})
 
 
 @dataclass(frozen=True)
@@ -72,25 +70,6 @@ class RunResult:
         return EXIT_TESTS_FAILED if self.problems else EXIT_OK
 
 
-def _classify(report: pytest.TestReport) -> str:
-    if hasattr(report, "wasxfail"):
-        return "xfailed" if report.skipped else "xpassed"
-    if report.failed:
-        if report.when != "call":
-            return "error"
-        return "xpass_strict" if "XPASS(strict)" in report.longreprtext else "failed"
-    return "skipped" if report.skipped else "passed"
-
-
-def _short_message(report: pytest.TestReport) -> str:
-    crash = getattr(report.longrepr, "reprcrash", None)
-    if crash is not None:
-        return str(crash.message).splitlines()[0][:300]
-    if isinstance(report.longrepr, tuple):  # skip: (path, line, reason)
-        return str(report.longrepr[2])[:300]
-    return report.longreprtext.strip().splitlines()[-1][:300] if report.longreprtext else ""
-
-
 class _ResultCollector:
     """pytest plugin object that records outcomes and feeds a progress callback."""
 
@@ -124,10 +103,10 @@ class _ResultCollector:
         mode = dict(report.user_properties).get("reuse_spec.mode")
         outcome = TestOutcome(
             nodeid=report.nodeid,
-            outcome=_classify(report),
+            outcome=classify(report),
             mode=str(mode) if mode is not None else None,
             duration=report.duration,
-            message="" if report.passed else _short_message(report),
+            message="" if report.passed else short_message(report),
         )
         self.result.outcomes.append(outcome)
         self.on_outcome(outcome)
@@ -156,6 +135,7 @@ def pytest_args(
     label: str | None = None,
     collect_only: bool = False,
     tests_file: Path | None = None,
+    extra: list[str] | None = None,
 ) -> list[str]:
     """The pytest command line ``ci-relay run`` uses; usable as-is for a local rerun."""
     files = spec.test_files()
@@ -181,7 +161,7 @@ def pytest_args(
         args += ["--junitxml", str(junit)]
     if collect_only:
         args.append("--collect-only")
-    return args
+    return args + (extra or [])
 
 
 def run_pytest(

@@ -53,6 +53,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run only these generic tests (one FILE::Class::test per line, from a TestPlan)",
     )
     group.addoption(
+        "--reuse-deselect",
+        default=None,
+        metavar="FILE",
+        help="leave out these pytest node ids (one per line; a shard runner's resume list)",
+    )
+    group.addoption(
         "--reuse-label",
         default=None,
         metavar="LABEL",
@@ -92,8 +98,16 @@ def pytest_configure(config: pytest.Config) -> None:
         except OSError as exc:
             raise pytest.UsageError(f"--reuse-tests {tests_file}: {exc.strerror}") from None
         only = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+    deselect: set[str] = set()
+    deselect_file = config.getoption("reuse_deselect")
+    if deselect_file:
+        try:
+            deselect = set(Path(deselect_file).read_text(encoding="utf-8").split())
+        except OSError as exc:
+            raise pytest.UsageError(f"--reuse-deselect {deselect_file}: {exc.strerror}") from None
     config.pluginmanager.register(
-        ReuseSpecSession(spec, backend, config.getoption("reuse_label"), only), PLUGIN_NAME
+        ReuseSpecSession(spec, backend, config.getoption("reuse_label"), only, deselect),
+        PLUGIN_NAME,
     )
 
 
@@ -176,12 +190,18 @@ class ReuseSpecSession:
     """Per-session state: the merged spec, the backend and every decision made."""
 
     def __init__(
-        self, spec: LoadedSpec, backend: Backend, label: str | None, only: set[str] | None = None
+        self,
+        spec: LoadedSpec,
+        backend: Backend,
+        label: str | None,
+        only: set[str] | None = None,
+        deselect: set[str] | None = None,
     ) -> None:
         self.spec = spec
         self.backend = backend
         self.label = label
         self.only = only
+        self.deselect = deselect or set()
         self.decided: list[tuple[str, TestVariant, Decision]] = []
 
     def _generic_id(self, variant: TestVariant, root: Path) -> str:
@@ -196,12 +216,15 @@ class ReuseSpecSession:
     def pytest_collection_modifyitems(
         self, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
-        if self.only is not None:
+        if self.only is not None or self.deselect:
             root = (self.spec.upstream or config.rootpath).resolve()
             keep: list[pytest.Item] = []
             dropped: list[pytest.Item] = []
             for item in items:
-                wanted = self._generic_id(variant_of(item, self.backend), root) in self.only
+                wanted = item.nodeid not in self.deselect and (
+                    self.only is None
+                    or self._generic_id(variant_of(item, self.backend), root) in self.only
+                )
                 (keep if wanted else dropped).append(item)
             if dropped:
                 config.hook.pytest_deselected(items=dropped)

@@ -1,0 +1,1 @@
+"""Running shards of upstream tests in isolation, without losing results to crashes."""

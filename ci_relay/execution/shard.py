@@ -1,0 +1,170 @@
+"""Run one shard so that every test gets a result, whatever any single test does.
+
+The shard's tests run in a child ``ci-relay run`` inside a runtime, logging each
+start and result as it happens. When the child dies (segfault, memory limit,
+per-test timeout, shard timeout), the test that was running is recorded as
+crashed and the child is started again for the tests not yet run, as PyTorch's
+``run_test`` does. Failures of must-pass tests are rerun once: a pass then marks
+the test flaky rather than broken.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ci_relay.execution.runtimes import Completed, Invocation, Limits, Runtime
+
+
+@dataclass
+class TestRecord:
+    __test__ = False
+
+    nodeid: str
+    outcome: str
+    mode: str | None
+    duration: float
+    message: str = ""
+    flaky: bool = False
+
+
+@dataclass
+class ShardRequest:
+    tests: list[str]  # generic ids: FILE::Class::test
+    specs: list[Path]
+    upstream: Path
+    scratch: Path
+    backend: str = "cpu"
+    per_test_timeout: float = 600.0
+    limits: Limits = field(default_factory=Limits)
+    env: dict[str, str] = field(default_factory=dict)
+    rerun_failures: bool = True
+
+
+@dataclass
+class ShardReport:
+    results: dict[str, TestRecord] = field(default_factory=dict)
+    processes: int = 0
+    log: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def crashed(self) -> list[str]:
+        return [r.nodeid for r in self.results.values() if r.outcome == "crashed"]
+
+
+def _why(done: Completed, timeout: float, progress_text: str) -> str:
+    if done.timed_out:
+        return "the shard hit its wall-clock limit"
+    if "Timeout (" in progress_text:  # faulthandler's watchdog wrote the stuck stack
+        return f"the test ran longer than its {timeout:g}s timeout and was killed"
+    code = done.returncode
+    signum = -code if code < 0 else code - 128 if code > 128 else 0
+    if signum:
+        try:
+            return f"the test process died of {signal.Signals(signum).name}"
+        except ValueError:
+            pass
+    return f"the test process exited with status {code} mid-test"
+
+
+def _read_events(text: str) -> list[dict[str, object]]:
+    events = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by the crash
+    return events
+
+
+def _command(request: ShardRequest, tests: Path, deselect: Path, progress: Path) -> list[str]:
+    argv = [sys.executable, "-m", "ci_relay", "run", "--upstream", str(request.upstream)]
+    for spec in request.specs:
+        argv += ["--spec", str(spec)]
+    argv += ["--backend", request.backend, "--tests", str(tests), "--deselect", str(deselect)]
+    argv += ["--progress", str(progress), "--per-test-timeout", str(request.per_test_timeout)]
+    return argv
+
+
+def _attempt(
+    runtime: Runtime, request: ShardRequest, tests: list[str], skip: set[str], n: int
+) -> tuple[Completed, list[dict[str, object]], str]:
+    scratch = request.scratch
+    scratch.mkdir(parents=True, exist_ok=True)
+    tests_file, deselect_file = scratch / f"tests-{n}.txt", scratch / f"deselect-{n}.txt"
+    progress = scratch / f"progress-{n}.jsonl"
+    tests_file.write_text("\n".join(tests) + "\n")
+    deselect_file.write_text("\n".join(sorted(skip)) + "\n")
+    done = runtime.run(
+        Invocation(
+            _command(request, tests_file, deselect_file, progress),
+            request.upstream,
+            scratch,
+            request.env,
+            request.limits,
+        )
+    )
+    text = progress.read_text(errors="replace") if progress.exists() else ""
+    return done, _read_events(text), text
+
+
+def run_shard(runtime: Runtime, request: ShardRequest, max_processes: int = 50) -> ShardReport:
+    report = ShardReport()
+    skip: set[str] = set()
+    while report.processes < max_processes:
+        report.processes += 1
+        done, events, text = _attempt(runtime, request, request.tests, skip, report.processes)
+        report.log.append(done.output[-4000:])
+        running: str | None = None
+        for event in events:
+            nodeid = str(event["nodeid"])
+            if event["event"] == "start":
+                running = nodeid
+            elif event["event"] == "result":
+                report.results[nodeid] = TestRecord(
+                    nodeid,
+                    str(event["outcome"]),
+                    event.get("mode") if isinstance(event.get("mode"), str) else None,  # type: ignore[arg-type]
+                    float(event.get("duration") or 0.0),  # type: ignore[arg-type]
+                    str(event.get("message") or ""),
+                )
+                skip.add(nodeid)
+            elif event["event"] == "end":
+                running = None
+        if running is None:
+            if done.returncode not in (0, 1, 4) and not events:
+                report.error = f"the shard could not start tests (exit {done.returncode})"
+            break  # the child finished on its own
+        report.results[running] = TestRecord(
+            running, "crashed", None, 0.0, _why(done, request.per_test_timeout, text)
+        )
+        skip.add(running)
+    if request.rerun_failures:
+        _rerun_failures(runtime, request, report)
+    return report
+
+
+def _rerun_failures(runtime: Runtime, request: ShardRequest, report: ShardReport) -> None:
+    failed = [
+        r
+        for r in report.results.values()
+        if r.outcome == "failed" and r.mode in (None, "mandatory_success")
+    ]
+    if not failed:
+        return
+    keep = {r.nodeid for r in failed}
+    everything_else = set(report.results) - keep
+    report.processes += 1
+    _done, events, _text = _attempt(
+        runtime, request, request.tests, everything_else, report.processes
+    )
+    for event in events:
+        if event["event"] == "result" and event["nodeid"] in keep and event["outcome"] == "passed":
+            record = report.results[str(event["nodeid"])]
+            record.outcome, record.flaky = "passed", True
+            record.message = f"flaky: failed, then passed on rerun ({record.message})"

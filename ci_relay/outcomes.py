@@ -1,0 +1,27 @@
+"""How a pytest report reads as an outcome of a reuse-spec run (shared by every reporter)."""
+
+from __future__ import annotations
+
+import pytest
+
+OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "xpass_strict", "skipped", "error", "crashed")
+BAD_OUTCOMES = frozenset({"failed", "xpass_strict", "error", "crashed"})
+
+
+def classify(report: pytest.TestReport) -> str:
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.failed:
+        if report.when != "call":
+            return "error"
+        return "xpass_strict" if "XPASS(strict)" in report.longreprtext else "failed"
+    return "skipped" if report.skipped else "passed"
+
+
+def short_message(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        return str(crash.message).splitlines()[0][:300]
+    if isinstance(report.longrepr, tuple):  # skip: (path, line, reason)
+        return str(report.longrepr[2])[:300]
+    return report.longreprtext.strip().splitlines()[-1][:300] if report.longreprtext else ""

@@ -1,0 +1,74 @@
+"""pytest plugin: a crash-proof progress log and a per-test timeout.
+
+Every test's start and result are appended (unbuffered, one JSON line each)
+as they happen, so when the process dies — segfault, OOM kill, timeout — the
+shard runner still knows every finished result and which test was running.
+The timeout uses ``faulthandler``'s watchdog thread, which fires even when the
+test is stuck in C code holding the GIL, and ends the process.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+from typing import Any
+
+import pytest
+
+from ci_relay.outcomes import classify, short_message
+
+TIMEOUT_EXIT = "per-test timeout"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ci-relay progress")
+    group.addoption("--progress-log", default=None, metavar="FILE")
+    group.addoption("--per-test-timeout", type=float, default=None, metavar="SECONDS")
+
+
+class ProgressLog:
+    def __init__(self, path: str, timeout: float | None) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.timeout = timeout
+
+    def write(self, event: dict[str, Any]) -> None:
+        os.write(self.fd, (json.dumps(event) + "\n").encode())
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        self.write({"event": "start", "nodeid": nodeid})
+        if self.timeout:
+            faulthandler.dump_traceback_later(self.timeout, exit=True, file=self.fd)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        final = report.when == "call" or (report.when == "setup" and not report.passed)
+        if report.when == "teardown" and report.failed:
+            final = True
+        if final:
+            props = dict(report.user_properties)
+            self.write(
+                {
+                    "event": "result",
+                    "nodeid": report.nodeid,
+                    "outcome": classify(report),
+                    "mode": props.get("reuse_spec.mode"),
+                    "duration": report.duration,
+                    "message": "" if report.passed else short_message(report),
+                }
+            )
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        if self.timeout:
+            faulthandler.cancel_dump_traceback_later()
+        self.write({"event": "end", "nodeid": nodeid})
+
+    def pytest_unconfigure(self) -> None:
+        os.close(self.fd)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("progress_log")
+    if path:
+        config.pluginmanager.register(
+            ProgressLog(path, config.getoption("per_test_timeout")), "ci-relay-progress"
+        )

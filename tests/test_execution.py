@@ -1,0 +1,153 @@
+"""Shards in real sandboxes (bubblewrap): faults cost one test, never the shard's results."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ci_relay.execution.runtimes import Limits, LocalRuntime, get_runtime
+from ci_relay.execution.shard import ShardReport, ShardRequest, run_shard
+from tests.conftest import CliResult
+
+pytestmark = pytest.mark.slow
+FAULTS = Path(__file__).parent / "data" / "faults"
+SPEC = """
+test_suite_config:
+  files:
+    - path: ${TORCH_ROOT}/test/test_faults.py
+      unlisted_test_mode: mandatory_success
+"""
+NAMES = [
+    "test_a_ok",
+    "test_b_segfault",
+    "test_c_ok",
+    "test_d_hang",
+    "test_e_network",
+    "test_f_secret",
+    "test_g_write_outside",
+    "test_h_memory",
+    "test_i_flaky",
+    "test_j_ok",
+]
+
+
+@pytest.fixture(scope="module")
+def sandbox_report(tmp_path_factory: pytest.TempPathFactory) -> ShardReport:
+    root = tmp_path_factory.mktemp("faults")
+    upstream = root / "up"
+    shutil.copytree(FAULTS, upstream)
+    spec = root / "spec.yaml"
+    spec.write_text(SPEC)
+    os.environ["MY_SECRET"] = "worker-secret"  # in the worker's environment, never the shard's
+    try:
+        request = ShardRequest(
+            tests=[f"test/test_faults.py::TestFaults::{n}" for n in NAMES],
+            specs=[spec],
+            upstream=upstream,
+            scratch=root / "scratch",
+            per_test_timeout=5,
+            limits=Limits(memory_mb=3072, pids=256, wall_seconds=600),
+        )
+        return run_shard(get_runtime("sandbox"), request)
+    finally:
+        del os.environ["MY_SECRET"]
+
+
+def _outcome(report: ShardReport, name: str) -> tuple[str, str]:
+    record = report.results[f"test/test_faults.py::TestFaults::{name}"]
+    return record.outcome, record.message
+
+
+def test_every_test_has_a_result(sandbox_report: ShardReport) -> None:
+    assert sorted(n.rsplit("::", 1)[1] for n in sandbox_report.results) == NAMES
+    assert _outcome(sandbox_report, "test_a_ok")[0] == "passed"
+    assert _outcome(sandbox_report, "test_c_ok")[0] == "passed"  # after the segfault
+    assert _outcome(sandbox_report, "test_j_ok")[0] == "passed"  # after the hang
+    assert sandbox_report.error is None
+
+
+def test_a_segfault_is_recorded_as_crashed(sandbox_report: ShardReport) -> None:
+    assert _outcome(sandbox_report, "test_b_segfault") == (
+        "crashed",
+        "the test process died of SIGSEGV",
+    )
+
+
+def test_a_hang_is_killed_at_its_timeout(sandbox_report: ShardReport) -> None:
+    outcome, message = _outcome(sandbox_report, "test_d_hang")
+    assert outcome == "crashed" and "longer than its 5s timeout" in message
+
+
+def test_no_network_no_secrets_read_only_root(sandbox_report: ShardReport) -> None:
+    outcome, message = _outcome(sandbox_report, "test_e_network")
+    assert outcome == "failed" and "Connection refused" in message  # Redis listens outside only
+    assert _outcome(sandbox_report, "test_f_secret")[0] == "passed"
+    outcome, message = _outcome(sandbox_report, "test_g_write_outside")
+    assert outcome == "failed" and "Read-only file system" in message
+    assert not Path("/etc/ci-relay-should-not-exist").exists()
+
+
+def test_memory_limit_stops_the_allocation(sandbox_report: ShardReport) -> None:
+    outcome, message = _outcome(sandbox_report, "test_h_memory")
+    assert outcome in ("failed", "crashed") and ("MemoryError" in message or "died" in message)
+
+
+def test_failures_are_rerun_once_to_find_flakes(sandbox_report: ShardReport) -> None:
+    record = sandbox_report.results["test/test_faults.py::TestFaults::test_i_flaky"]
+    assert record.outcome == "passed" and record.flaky and "flaky" in record.message
+
+
+def test_local_runtime_also_survives_a_crash(tmp_path: Path) -> None:
+    upstream = tmp_path / "up"
+    shutil.copytree(FAULTS, upstream)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    request = ShardRequest(
+        tests=[
+            f"test/test_faults.py::TestFaults::{n}"
+            for n in ("test_a_ok", "test_b_segfault", "test_c_ok")
+        ],
+        specs=[spec],
+        upstream=upstream,
+        scratch=tmp_path / "s",
+        per_test_timeout=30,
+    )
+    report = run_shard(LocalRuntime(), request)
+    assert [r.outcome for r in report.results.values()] == ["passed", "crashed", "passed"]
+    assert report.processes == 2
+
+
+def test_run_runtime_sandbox_from_the_cli(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    upstream = tmp_path / "up"
+    shutil.copytree(FAULTS, upstream)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("mandatory_success", "xfail"))
+    tests = tmp_path / "tests.txt"
+    tests.write_text(
+        "test/test_faults.py::TestFaults::test_a_ok\ntest/test_faults.py::TestFaults::test_b_segfault\n"
+    )
+    junit = tmp_path / "j.xml"
+    result = cli(
+        "run",
+        "--spec",
+        spec,
+        "--upstream",
+        upstream,
+        "--runtime",
+        "sandbox",
+        "--tests",
+        tests,
+        "--junit",
+        junit,
+    )
+    assert result.code == 1, result.output  # a crash is never an expected outcome
+    assert "CRASHED test/test_faults.py::TestFaults::test_b_segfault" in result.stdout
+    assert "sandbox: 2 process(es), 1 crashed" in result.stdout
+    text = junit.read_text()
+    assert 'type="crashed"' in text and 'name="test_a_ok"' in text
+    unknown = cli("run", "--spec", spec, "--upstream", upstream, "--runtime", "vm")
+    assert unknown.code == 2 and "unknown runtime 'vm'" in unknown.stderr
