@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,8 +21,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ci_relay.checkouts import worktree
+from ci_relay.execution.runtimes import Limits, RuntimeUnavailable, get_runtime
+from ci_relay.execution.runtimes import Runtime as ExecRuntime
+from ci_relay.execution.shard import ShardRequest, run_shard
 from ci_relay.intake.events import ChangeIntent, summarize
-from ci_relay.junit import parse_junit
+from ci_relay.outcomes import BAD_OUTCOMES
 from ci_relay.runtime import Runtime
 from ci_relay.store.models import (
     Change,
@@ -285,6 +286,17 @@ def select_tests(rt: Runtime, run_id: int, stale_after: timedelta) -> list[Next]
         return [Next("execute", shard.id, backend) for shard in shards]
 
 
+def shard_runtime(name: str) -> ExecRuntime:
+    """The configured runtime; ``auto`` is the sandbox where bubblewrap works, else local."""
+    if name != "auto":
+        return get_runtime(name)
+    try:
+        return get_runtime("sandbox")
+    except RuntimeUnavailable as exc:
+        log.warning("sandbox unavailable (%s); running shards without isolation", exc)
+        return get_runtime("local")
+
+
 def _upstream_repo(rt: Runtime) -> Path:
     if rt.settings.upstream_repo is None:
         raise RuntimeError("CI_RELAY_UPSTREAM_REPO is not set: the relay has no upstream checkout")
@@ -318,23 +330,28 @@ def execute_shard(rt: Runtime, shard_id: int, stale_after: timedelta) -> list[Ne
         assert shard is not None
         run_id, backend, head = shard.run_id, shard.run.backend, shard.run.change.head_sha
         tests = list(shard.test_files)
+    runtime = shard_runtime(rt.settings.runtime)
     with worktree(_upstream_repo(rt), head) as tree, tempfile.TemporaryDirectory() as tmp:
-        junit = Path(tmp) / "junit.xml"
-        tests_file = Path(tmp) / "tests.txt"
-        tests_file.write_text("\n".join(tests) + "\n", encoding="utf-8")
-        cmd = [sys.executable, "-m", "ci_relay", "run", "--upstream", str(tree)]
-        cmd += [a for spec in rt.specs for a in ("--spec", str(spec))]
-        cmd += ["--backend", backend, "--junit", str(junit), "--tests", str(tests_file)]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CI_RELAY_")}
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-        try:
-            proc = subprocess.run(
-                cmd, capture_output=True, text=True, env=env, timeout=SHARD_TIMEOUT_SECONDS
-            )
-            code, output = proc.returncode, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            code, output = -1, f"shard timed out after {exc.timeout}s"
-        results = parse_junit(junit) if junit.exists() else []
+        report = run_shard(
+            runtime,
+            ShardRequest(
+                tests=tests,
+                specs=[p.resolve() for p in rt.specs],
+                upstream=tree,
+                scratch=Path(tmp),
+                backend=backend,
+                per_test_timeout=rt.settings.per_test_timeout,
+                limits=Limits(
+                    memory_mb=rt.settings.shard_memory_mb, wall_seconds=SHARD_TIMEOUT_SECONDS
+                ),
+            ),
+        )
+    results = list(report.results.values())
+    failed = any(r.outcome in BAD_OUTCOMES for r in results)
+    code = 3 if report.error else (1 if failed else 0)
+    output = f"runtime {runtime.name}, {report.processes} process(es)\n" + "\n".join(report.log)
+    if report.error:
+        output = f"{report.error}\n{output}"
     with rt.db.session() as session:
         shard = session.get(Shard, shard_id)
         assert shard is not None
@@ -346,7 +363,7 @@ def execute_shard(rt: Runtime, shard_id: int, stale_after: timedelta) -> list[Ne
                 TestResult(
                     shard=shard,
                     nodeid=case.nodeid,
-                    outcome=case.outcome,
+                    outcome="flaky" if case.flaky else case.outcome,
                     mode=case.mode,
                     duration=case.duration,
                     message=case.message,

@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     llm_url: str | None = None
     llm_model: str | None = None
     llm_api_key: SecretStr | None = None
+    runtime: str = Field(default="auto", description="auto | sandbox | local")
+    per_test_timeout: float = Field(default=600.0, gt=0)
+    shard_memory_mb: int = Field(default=4096, gt=0)
     task_visibility_timeout: int = Field(default=4 * 3600, gt=0)
     reconcile_after_seconds: int = Field(default=60, gt=0)
 
