@@ -16,6 +16,9 @@ from ci_relay.sample_upstream import SampleUpstream, build_sample_upstream
 
 pytest_plugins = ["tests.relay_fixtures"]
 
+# tests/data holds upstream-shaped test files (one segfaults on purpose): inputs, not our tests
+collect_ignore = ["data"]
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_SPECS = REPO_ROOT / "reuse_specs" / "specs"
 
