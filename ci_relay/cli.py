@@ -329,8 +329,8 @@ def run(
     runtime: Annotated[
         str | None,
         typer.Option(
-            help="Run in isolated child processes: sandbox (bubblewrap) or local "
-            "(development only). Crashes and hangs then cost one test, not the run."
+            help="Run in isolated child processes: container (Docker API / Podman), sandbox "
+            "(bubblewrap) or local (development only). Crashes and hangs then cost one test."
         ),
     ] = None,
     memory_mb: Annotated[int, typer.Option(help="Memory limit per test process (MiB).")] = 4096,
@@ -392,7 +392,7 @@ def _run_isolated(
 
     loaded, profile, root = _load_for_run(specs, upstream, backend)
     try:
-        runtime = get_runtime(runtime_name)
+        runtime = get_runtime(runtime_name, profile.name)
     except RuntimeUnavailable as exc:
         raise _fail(str(exc)) from None
     if runtime.name == "local":
@@ -436,6 +436,30 @@ def _run_isolated(
         )
         out.print(f"JUnit XML: {junit}")
     return result.exit_code
+
+
+images_app = typer.Typer(help="Test-runner container images.", no_args_is_help=True)
+app.add_typer(images_app, name="images")
+
+
+@images_app.command("build")
+def images_build(
+    backend: Annotated[
+        list[str] | None, typer.Option(help="Backends to build runner images for (default: cpu).")
+    ] = None,
+) -> None:
+    """Build runner image(s) offline (debootstrap base, local wheelhouse); reuses what exists."""
+    import subprocess
+
+    backends = backend or ["cpu"]
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "pyproject.toml").is_file() or not (root / "docker").is_dir():
+        raise _fail(f"{root} is not a ci-relay source checkout (images build from one)")
+    script = Path(__file__).resolve().parent / "execution" / "build_images.sh"
+    if subprocess.run(["bash", str(script), str(root), *backends]).returncode:
+        raise _fail("image build failed (see the messages above)", 1)
+    ready = ", ".join(f"localhost/ci-relay-runner-{b}:latest" for b in backends)
+    out.print(f"runner image(s) ready: {ready}")
 
 
 @app.command("sample-upstream")

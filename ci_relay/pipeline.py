@@ -286,15 +286,18 @@ def select_tests(rt: Runtime, run_id: int, stale_after: timedelta) -> list[Next]
         return [Next("execute", shard.id, backend) for shard in shards]
 
 
-def shard_runtime(name: str) -> ExecRuntime:
-    """The configured runtime; ``auto`` is the sandbox where bubblewrap works, else local."""
+def shard_runtime(name: str, backend: str) -> ExecRuntime:
+    """The configured runtime; ``auto``: a container when an engine and the runner image are
+    there, else the bubblewrap sandbox, else local (each fallback logged)."""
     if name != "auto":
-        return get_runtime(name)
-    try:
-        return get_runtime("sandbox")
-    except RuntimeUnavailable as exc:
-        log.warning("sandbox unavailable (%s); running shards without isolation", exc)
-        return get_runtime("local")
+        return get_runtime(name, backend)
+    for candidate in ("container", "sandbox"):
+        try:
+            return get_runtime(candidate, backend)
+        except RuntimeUnavailable as exc:
+            log.warning("runtime %s unavailable: %s", candidate, exc)
+    log.warning("running shards without isolation (runtime local)")
+    return get_runtime("local", backend)
 
 
 def _upstream_repo(rt: Runtime) -> Path:
@@ -330,7 +333,7 @@ def execute_shard(rt: Runtime, shard_id: int, stale_after: timedelta) -> list[Ne
         assert shard is not None
         run_id, backend, head = shard.run_id, shard.run.backend, shard.run.change.head_sha
         tests = list(shard.test_files)
-    runtime = shard_runtime(rt.settings.runtime)
+    runtime = shard_runtime(rt.settings.runtime, backend)
     with worktree(_upstream_repo(rt), head) as tree, tempfile.TemporaryDirectory() as tmp:
         report = run_shard(
             runtime,

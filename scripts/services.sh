@@ -22,6 +22,18 @@ if ! pg_isready -h 127.0.0.1 -p 5432 -q; then
   echo "services: starting PostgreSQL" >&2
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start
 fi
+# Podman's Docker-compatible API for the container runtime (ci_relay uses this socket by default)
+export CONTAINERS_CONF=${CONTAINERS_CONF:-$(cd "$(dirname "$0")/.." && pwd)/docker/containers.conf}
+if command -v podman >/dev/null && ! curl -sf --unix-socket /run/ci-relay/podman.sock http://d/_ping >/dev/null 2>&1; then
+  echo "services: starting Podman's API socket" >&2
+  mkdir -p /run/ci-relay
+  nohup podman system service --time=0 unix:///run/ci-relay/podman.sock >/var/log/ci-relay-podman.log 2>&1 &
+  for _ in $(seq 1 30); do
+    curl -sf --unix-socket /run/ci-relay/podman.sock http://d/_ping >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+fi
+
 for _ in $(seq 1 60); do
   if redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && pg_isready -h 127.0.0.1 -p 5432 -q; then
     psql -h 127.0.0.1 -U postgres -d test -tAc "select 1" >/dev/null 2>&1 \

@@ -6,12 +6,20 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
 command -v git >/dev/null || { echo "setup: git is required (apt-get install git)" >&2; exit 1; }
-if ! command -v bwrap >/dev/null; then  # the sandbox runtime
-  echo "setup: installing bubblewrap" >&2
+# runtimes: bubblewrap (sandbox), Podman + runc (container), debootstrap (runner base image)
+missing=()
+command -v bwrap >/dev/null || missing+=(bubblewrap)
+command -v podman >/dev/null || missing+=(podman)
+command -v runc >/dev/null || missing+=(runc)
+command -v debootstrap >/dev/null || missing+=(debootstrap)
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
   if [ "$(id -u)" = 0 ]; then
-    (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; })
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 \
+      || { apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; }
   else
-    echo "setup: bubblewrap missing and not root; the sandbox runtime will be unavailable" >&2
+    echo "setup: not root; the sandbox/container runtimes may be unavailable" >&2
   fi
 fi
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.__version__.startswith("2.13.") else 1)' 2>/dev/null; then

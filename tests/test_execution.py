@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ci_relay.execution.runtimes import Limits, LocalRuntime, get_runtime
+from ci_relay.execution.runtimes import Limits, LocalRuntime, RuntimeUnavailable, get_runtime
 from ci_relay.execution.shard import ShardReport, ShardRequest, run_shard
 from tests.conftest import CliResult
 
@@ -35,24 +35,27 @@ NAMES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def sandbox_report(tmp_path_factory: pytest.TempPathFactory) -> ShardReport:
-    root = tmp_path_factory.mktemp("faults")
+@pytest.fixture(scope="module", params=["sandbox", "container"])
+def sandbox_report(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> ShardReport:
+    """The fault suite in each isolating runtime (the container one on Podman, for real)."""
+    root = tmp_path_factory.mktemp(f"faults-{request.param}")
     upstream = root / "up"
     shutil.copytree(FAULTS, upstream)
     spec = root / "spec.yaml"
     spec.write_text(SPEC)
     os.environ["MY_SECRET"] = "worker-secret"  # in the worker's environment, never the shard's
     try:
-        request = ShardRequest(
+        shard = ShardRequest(
             tests=[f"test/test_faults.py::TestFaults::{n}" for n in NAMES],
             specs=[spec],
             upstream=upstream,
             scratch=root / "scratch",
             per_test_timeout=10,
-            limits=Limits(memory_mb=3072, pids=256, wall_seconds=600),
+            limits=Limits(memory_mb=1536, pids=256, wall_seconds=600),
         )
-        return run_shard(get_runtime("sandbox"), request)
+        return run_shard(get_runtime(request.param), shard)
     finally:
         del os.environ["MY_SECRET"]
 
@@ -121,7 +124,15 @@ def test_local_runtime_also_survives_a_crash(tmp_path: Path) -> None:
     assert report.processes == 2
 
 
-def test_run_runtime_sandbox_from_the_cli(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+def test_missing_image_names_the_build_command() -> None:
+    with pytest.raises(RuntimeUnavailable, match="build it with `ci-relay images build`"):
+        get_runtime("container", backend="no-such-backend")
+
+
+@pytest.mark.parametrize("runtime", ["sandbox", "container"])
+def test_run_with_a_runtime_from_the_cli(
+    runtime: str, cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
     upstream = tmp_path / "up"
     shutil.copytree(FAULTS, upstream)
     spec = tmp_path / "spec.yaml"
@@ -138,7 +149,7 @@ def test_run_runtime_sandbox_from_the_cli(cli: Callable[..., CliResult], tmp_pat
         "--upstream",
         upstream,
         "--runtime",
-        "sandbox",
+        runtime,
         "--tests",
         tests,
         "--junit",
@@ -146,7 +157,7 @@ def test_run_runtime_sandbox_from_the_cli(cli: Callable[..., CliResult], tmp_pat
     )
     assert result.code == 1, result.output  # a crash is never an expected outcome
     assert "CRASHED test/test_faults.py::TestFaults::test_b_segfault" in result.stdout
-    assert "sandbox: 2 process(es), 1 crashed" in result.stdout
+    assert f"{runtime}: 2 process(es), 1 crashed" in result.stdout
     text = junit.read_text()
     assert 'type="crashed"' in text and 'name="test_a_ok"' in text
     unknown = cli("run", "--spec", spec, "--upstream", upstream, "--runtime", "vm")

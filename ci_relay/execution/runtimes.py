@@ -7,6 +7,7 @@ exit status and output. A wall-clock timeout kills the whole process tree.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -14,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 # Variables a shard may see; everything else of the worker's environment (secrets!) stays out.
 BASE_ENV_ALLOWLIST = ("PATH", "LANG", "LC_ALL", "TZ", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
@@ -25,6 +26,7 @@ class Limits:
     memory_mb: int = 4096
     pids: int = 512
     wall_seconds: float = 3600.0
+    cpus: float | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> Com
 
 class Runtime(Protocol):
     name: str
+    python: str
 
     def check(self) -> None: ...
 
@@ -97,6 +100,7 @@ class LocalRuntime:
     """A plain subprocess: no isolation at all. For development, clearly not for untrusted code."""
 
     name = "local"
+    python = sys.executable
 
     def check(self) -> None:
         return None
@@ -112,6 +116,7 @@ class SandboxRuntime:
     namespace, the environment cleared to an allowlist, and address-space/process limits."""
 
     name = "sandbox"
+    python = sys.executable
 
     def check(self) -> None:
         if shutil.which("bwrap") is None:
@@ -166,22 +171,100 @@ class SandboxRuntime:
         )
 
 
-RUNTIMES: dict[str, type[LocalRuntime] | type[SandboxRuntime]] = {
-    "local": LocalRuntime,
-    "sandbox": SandboxRuntime,
-}
+PODMAN_SOCKET = "unix:///run/ci-relay/podman.sock"
+BUILD_HINT = "ci-relay images build"
 
 
-def get_runtime(name: str) -> Runtime:
-    try:
-        runtime: Runtime = RUNTIMES[name]()
-    except KeyError:
-        raise RuntimeUnavailable(
-            f"unknown runtime {name!r} (known: {', '.join(RUNTIMES)})"
-        ) from None
+class ContainerRuntime:
+    """A container per shard process through the Docker Engine API (Docker, or Podman's
+    compatible socket, chosen by DOCKER_HOST): network off, read-only root, only the scratch
+    folder writable, memory/pids/cpu limits, an allowlisted environment, a non-root user."""
+
+    name = "container"
+    python = "python"
+
+    def __init__(self, backend: str = "cpu") -> None:
+        self.image = f"localhost/ci-relay-runner-{backend}:latest"
+        self._client: Any = None
+
+    def _docker(self) -> Any:
+        if self._client is None:
+            import docker
+
+            base_url = os.environ.get("DOCKER_HOST", PODMAN_SOCKET)
+            self._client = docker.DockerClient(base_url=base_url, timeout=60)
+        return self._client
+
+    def check(self) -> None:
+        import docker.errors
+
+        try:
+            self._docker().ping()
+        except Exception as exc:
+            raise RuntimeUnavailable(
+                f"no container engine at {os.environ.get('DOCKER_HOST', PODMAN_SOCKET)} "
+                f"({type(exc).__name__}); start one (scripts/services.sh starts Podman's socket)"
+            ) from None
+        try:
+            self._docker().images.get(self.image)
+        except docker.errors.ImageNotFound:
+            raise RuntimeUnavailable(
+                f"runner image {self.image} is missing: build it with `{BUILD_HINT}`"
+            ) from None
+
+    def run(self, inv: Invocation) -> Completed:
+        import docker.errors
+
+        (inv.scratch / "tmp").mkdir(parents=True, exist_ok=True)
+        for path in (inv.scratch, inv.scratch / "tmp"):
+            path.chmod(0o777)  # the container's unprivileged user writes only here
+        env = {k: v for k, v in shard_env(inv.env, inv.scratch).items() if k != "PATH"}
+        container = self._docker().containers.run(
+            self.image,
+            command=inv.argv,
+            detach=True,
+            init=True,  # a real PID 1, so a test's signals (SIGSEGV, ...) act as on the host
+            network_disabled=True,
+            read_only=True,
+            mem_limit=f"{inv.limits.memory_mb}m",
+            memswap_limit=f"{inv.limits.memory_mb}m",
+            pids_limit=inv.limits.pids,
+            nano_cpus=int(inv.limits.cpus * 1e9) if inv.limits.cpus else None,
+            environment=env,
+            working_dir=str(inv.scratch),
+            volumes={
+                str(inv.upstream): {"bind": str(inv.upstream), "mode": "ro"},
+                str(inv.scratch): {"bind": str(inv.scratch), "mode": "rw"},
+            },
+        )
+        timed_out = False
+        try:
+            try:
+                status = container.wait(timeout=inv.limits.wall_seconds)
+                code = int(status.get("StatusCode", -1))
+            except Exception:  # the engine's wait timed out: kill the whole container
+                timed_out = True
+                container.kill()
+                code = -signal.SIGKILL
+            output = container.logs().decode(errors="replace")
+            return Completed(code, output, timed_out)
+        finally:
+            with contextlib.suppress(docker.errors.APIError):
+                container.remove(force=True)
+
+
+RUNTIMES = ("local", "sandbox", "container")
+
+
+def get_runtime(name: str, backend: str = "cpu") -> Runtime:
+    runtime: Runtime
+    if name == "local":
+        runtime = LocalRuntime()
+    elif name == "sandbox":
+        runtime = SandboxRuntime()
+    elif name == "container":
+        runtime = ContainerRuntime(backend)
+    else:
+        raise RuntimeUnavailable(f"unknown runtime {name!r} (known: {', '.join(RUNTIMES)})")
     runtime.check()
     return runtime
-
-
-def python() -> str:
-    return sys.executable

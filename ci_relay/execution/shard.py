@@ -11,8 +11,8 @@ the test flaky rather than broken.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,9 +82,16 @@ def _read_events(text: str) -> list[dict[str, object]]:
     return events
 
 
-def _command(request: ShardRequest, tests: Path, deselect: Path, progress: Path) -> list[str]:
-    argv = [sys.executable, "-m", "ci_relay", "run", "--upstream", str(request.upstream)]
-    for spec in request.specs:
+def _command(
+    python: str,
+    specs: list[Path],
+    request: ShardRequest,
+    tests: Path,
+    deselect: Path,
+    progress: Path,
+) -> list[str]:
+    argv = [python, "-m", "ci_relay", "run", "--upstream", str(request.upstream)]
+    for spec in specs:
         argv += ["--spec", str(spec)]
     argv += ["--backend", request.backend, "--tests", str(tests), "--deselect", str(deselect)]
     argv += ["--progress", str(progress), "--per-test-timeout", str(request.per_test_timeout)]
@@ -100,9 +107,16 @@ def _attempt(
     progress = scratch / f"progress-{n}.jsonl"
     tests_file.write_text("\n".join(tests) + "\n")
     deselect_file.write_text("\n".join(sorted(skip)) + "\n")
+    specs_dir = scratch / "specs"  # copies: the runtime sees only upstream and scratch
+    specs_dir.mkdir(exist_ok=True)
+    specs = []
+    for i, spec in enumerate(request.specs):
+        copy = specs_dir / f"{i}-{spec.name}"
+        shutil.copyfile(spec, copy)
+        specs.append(copy)
     done = runtime.run(
         Invocation(
-            _command(request, tests_file, deselect_file, progress),
+            _command(runtime.python, specs, request, tests_file, deselect_file, progress),
             request.upstream,
             scratch,
             request.env,
