@@ -413,12 +413,7 @@ def _run_isolated(
         )
         with err.status(f"{runtime.name}: running {len(tests)} test(s)…"):
             report = run_shard(runtime, request)
-    result = RunResult(
-        outcomes=[
-            TestOutcome(r.nodeid, r.outcome, r.mode, r.duration, r.message)
-            for r in report.results.values()
-        ]
-    )
+    result = RunResult(outcomes=list(report.results.values()))
     if report.error:
         result.collection_errors.append(report.error + "\n" + "\n".join(report.log[-1:]))
     _summary(result)

@@ -29,9 +29,9 @@ EXIT_INFRASTRUCTURE = 3
 EXIT_NOTHING_SELECTED = 4
 
 
-@dataclass(frozen=True)
+@dataclass
 class TestOutcome:
-    """One test variant's result, with the mode the spec gave it."""
+    """One test variant's result, with the mode the spec gave it (and whether a rerun passed)."""
 
     __test__ = False
 
@@ -40,6 +40,7 @@ class TestOutcome:
     mode: str | None
     duration: float
     message: str = ""
+    flaky: bool = False
 
 
 @dataclass

@@ -17,18 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ci_relay.execution.runtimes import Completed, Invocation, Limits, Runtime
-
-
-@dataclass
-class TestRecord:
-    __test__ = False
-
-    nodeid: str
-    outcome: str
-    mode: str | None
-    duration: float
-    message: str = ""
-    flaky: bool = False
+from ci_relay.spec_run import TestOutcome
 
 
 @dataclass
@@ -46,7 +35,7 @@ class ShardRequest:
 
 @dataclass
 class ShardReport:
-    results: dict[str, TestRecord] = field(default_factory=dict)
+    results: dict[str, TestOutcome] = field(default_factory=dict)
     processes: int = 0
     log: list[str] = field(default_factory=list)
     error: str | None = None
@@ -140,7 +129,7 @@ def run_shard(runtime: Runtime, request: ShardRequest, max_processes: int = 50) 
             if event["event"] == "start":
                 running = nodeid
             elif event["event"] == "result":
-                report.results[nodeid] = TestRecord(
+                report.results[nodeid] = TestOutcome(
                     nodeid,
                     str(event["outcome"]),
                     event.get("mode") if isinstance(event.get("mode"), str) else None,  # type: ignore[arg-type]
@@ -154,7 +143,7 @@ def run_shard(runtime: Runtime, request: ShardRequest, max_processes: int = 50) 
             if done.returncode not in (0, 1, 4) and not events:
                 report.error = f"the shard could not start tests (exit {done.returncode})"
             break  # the child finished on its own
-        report.results[running] = TestRecord(
+        report.results[running] = TestOutcome(
             running, "crashed", None, 0.0, _why(done, request.per_test_timeout, text)
         )
         skip.add(running)
