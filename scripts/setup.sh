@@ -12,6 +12,7 @@ command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v podman >/dev/null || missing+=(podman)
 command -v runc >/dev/null || missing+=(runc)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
+command -v curl >/dev/null || missing+=(curl)
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}" >&2
   if [ "$(id -u)" = 0 ]; then
