@@ -388,7 +388,7 @@ def _run_isolated(
 
     from ci_relay.execution.runtimes import Limits, RuntimeUnavailable, get_runtime
     from ci_relay.execution.shard import ShardRequest, run_shard
-    from ci_relay.junit import CaseResult, write_junit
+    from ci_relay.junit import write_junit
 
     loaded, profile, root = _load_for_run(specs, upstream, backend)
     try:
@@ -422,13 +422,7 @@ def _run_isolated(
         out.print(f"[yellow]FLAKY[/] {nodeid}", soft_wrap=True)
     out.print(f"{runtime.name}: {report.processes} process(es), {len(report.crashed)} crashed")
     if junit is not None:
-        write_junit(
-            junit,
-            [
-                CaseResult(o.nodeid, o.outcome, o.mode, o.duration, o.message)
-                for o in result.outcomes
-            ],
-        )
+        write_junit(junit, result.outcomes)
         out.print(f"JUnit XML: {junit}")
     return result.exit_code
 

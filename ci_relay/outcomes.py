@@ -8,6 +8,13 @@ OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "xpass_strict", "skipped",
 BAD_OUTCOMES = frozenset({"failed", "xpass_strict", "error", "crashed"})
 
 
+def is_final(report: pytest.TestReport) -> bool:
+    """The report that settles a test: its call, a setup that did not pass, a failed teardown."""
+    if report.when == "call":
+        return True
+    return not report.passed if report.when == "setup" else report.failed
+
+
 def classify(report: pytest.TestReport) -> str:
     if hasattr(report, "wasxfail"):
         return "xfailed" if report.skipped else "xpassed"

@@ -307,7 +307,7 @@ def _upstream_repo(rt: Runtime) -> Path:
 
 
 def execute_shard(rt: Runtime, shard_id: int, stale_after: timedelta) -> list[Next]:
-    """Run one shard's tests in a subprocess and store every result (the local runtime)."""
+    """Run one shard's tests through the configured runtime and store every result."""
     with rt.db.session() as session:
         claimed = _rowcount(
             session,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ci_relay.outcomes import classify, short_message
+from ci_relay.outcomes import classify, is_final, short_message
 
 TIMEOUT_EXIT = "per-test timeout"
 
@@ -41,9 +41,7 @@ class ProgressLog:
             faulthandler.dump_traceback_later(self.timeout, exit=True, file=self.fd)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        final = report.when == "call" or (report.when == "setup" and not report.passed)
-        if report.when == "teardown" and report.failed:
-            final = True
+        final = is_final(report)
         if final:
             props = dict(report.user_properties)
             self.write(

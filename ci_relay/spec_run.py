@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ci_relay.outcomes import BAD_OUTCOMES, classify, short_message
+from ci_relay.outcomes import BAD_OUTCOMES, classify, is_final, short_message
 from reuse_specs.backends import Backend
 from reuse_specs.loader import LoadedSpec
 from reuse_specs.matching import Decision, TestVariant
@@ -96,9 +96,7 @@ class _ResultCollector:
         self.on_total(len(session.items))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        final = report.when == "call" or (report.when == "setup" and not report.passed)
-        if report.when == "teardown" and report.failed:
-            final = True
+        final = is_final(report)
         if not final:
             return
         mode = dict(report.user_properties).get("reuse_spec.mode")

@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
-from ci_relay.intake.events import summarize
+from ci_relay.intake.events import Interpretation, summarize
 from ci_relay.intake.signature import verify
 from ci_relay.logs import delivery_context
 from ci_relay.metrics import Metrics
@@ -94,9 +94,8 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
         event: str,
         body: bytes,
         headers: dict[str, str],
-        payload: dict[str, Any],
+        meaning: Interpretation,
     ) -> tuple[int, str, bool]:
-        meaning = summarize(event, payload)
         state, reason = DeliveryState.RECEIVED, None
         if event not in HANDLED_EVENTS:
             state, reason = DeliveryState.IGNORED, f"event {event} is not handled"
@@ -139,7 +138,8 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
         payload: dict[str, Any],
         started: float,
     ) -> JSONResponse:
-        repository = summarize(event, payload).repository
+        meaning = summarize(event, payload)
+        repository = meaning.repository
         if rt.policy.for_repository(repository) is None:
             reason = f"repository {repository} is not in the allowlist"
             await run_in_threadpool(audit, request, 202, reason, event)
@@ -151,7 +151,7 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
                 status_code=202,
             )
         pk, state, duplicate = await run_in_threadpool(
-            store, source, hook_id, delivery_id, event, body, headers, payload
+            store, source, hook_id, delivery_id, event, body, headers, meaning
         )
         if state == DeliveryState.RECEIVED and not duplicate:
             await run_in_threadpool(enqueue, [Next("process", pk)])
@@ -201,7 +201,14 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
         hook_id = request.headers.get("x-github-hook-id", "")
         if event == "ping":  # recorded (as ignored) and answered 200, as GitHub expects
             await run_in_threadpool(
-                store, "github", hook_id, delivery_id, event, body, headers, payload
+                store,
+                "github",
+                hook_id,
+                delivery_id,
+                event,
+                body,
+                headers,
+                summarize(event, payload),
             )
             metrics.deliveries.labels("ping", "pong").inc()
             return JSONResponse({"pong": True, "zen": payload.get("zen")}, status_code=200)
