@@ -1,12 +1,22 @@
-"""Upstream trees at a given commit, materialised as throwaway git worktrees."""
+"""Upstream trees at a given commit: a bare mirror per upstream repository, fetched
+incrementally, and throwaway trees materialised from it.
+
+Several workers on one machine share a mirror; every operation that changes it (clone,
+fetch, worktree add/remove) holds an exclusive ``flock`` on a file beside it, so they never
+race. The lock is released by the kernel if a worker dies.
+"""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
@@ -14,28 +24,145 @@ class CheckoutError(RuntimeError):
     pass
 
 
-def _git(repo: Path, *args: str) -> str:
+def _git(repo: Path | None, *args: str, timeout: float = 3600) -> str:
+    prefix = ["git", "--git-dir", str(repo)] if repo is not None else ["git"]
     proc = subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=False
+        [*prefix, *args], capture_output=True, text=True, check=False, timeout=timeout
     )
     if proc.returncode != 0:
-        raise CheckoutError(f"git {' '.join(args)} in {repo}: {proc.stderr.strip()}")
+        where = f" in {repo}" if repo is not None else ""
+        raise CheckoutError(f"git {' '.join(args)}{where}: {proc.stderr.strip()}")
     return proc.stdout.strip()
 
 
-@contextmanager
-def worktree(repo: Path, sha: str) -> Iterator[Path]:
-    """A detached worktree of ``repo`` at ``sha``, removed afterwards (safe to run concurrently)."""
-    _git(repo, "cat-file", "-e", f"{sha}^{{commit}}")
-    parent = Path(tempfile.mkdtemp(prefix=f"ci-relay-{sha[:12]}-"))
-    path = parent / "tree"
-    _git(repo, "worktree", "add", "--detach", "--quiet", str(path), sha)
-    try:
-        yield path
-    finally:
-        subprocess.run(
-            ["git", "-C", str(repo), "worktree", "remove", "--force", str(path)],
-            capture_output=True,
-            check=False,
-        )
-        shutil.rmtree(parent, ignore_errors=True)
+def mirror_name(source: str) -> str:
+    """A readable, collision-free folder name for an upstream URL or path."""
+    tail = re.sub(r"[^A-Za-z0-9._-]+", "-", source.rstrip("/").rsplit("/", 1)[-1])
+    tail = tail.removesuffix(".git") or "repo"
+    digest = hashlib.sha256(source.encode()).hexdigest()[:10]
+    return f"{tail}-{digest}.git"
+
+
+class UpstreamMirror:
+    """A bare ``git clone --mirror`` of ``source`` (URL or local path) under ``root``."""
+
+    def __init__(self, source: str | Path, root: Path) -> None:
+        self.source = str(source)
+        self.path = root / mirror_name(self.source)
+        self._lock_path = root / f"{self.path.name}.lock"
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self._lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock_path.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _has_commit(self, sha: str) -> bool:
+        try:
+            _git(self.path, "cat-file", "-e", f"{sha}^{{commit}}")
+        except CheckoutError:
+            return False
+        return True
+
+    def ensure(self, sha: str) -> Path:
+        """The mirror, cloned on first use and fetched only when ``sha`` is not in it yet."""
+        if self.path.is_dir() and self._has_commit(sha):
+            return self.path
+        with self._locked():
+            if not self.path.is_dir():
+                tmp = self.path.with_name(f"{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
+                try:
+                    _git(None, "clone", "--mirror", "--quiet", self.source, str(tmp))
+                    tmp.rename(self.path)  # a half-made clone is never seen as the mirror
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+            elif not self._has_commit(sha):
+                _git(self.path, "fetch", "--quiet", "--prune", "origin")
+                if not self._has_commit(sha):  # a PR head no ref points at (yet)
+                    with suppress(CheckoutError):
+                        _git(self.path, "fetch", "--quiet", "origin", sha)
+            if not self._has_commit(sha):
+                raise CheckoutError(f"commit {sha} is not in {self.source} (fetched into {self})")
+        return self.path
+
+    def rev_parse(self, spec: str) -> str | None:
+        """``spec`` resolved in the mirror, or None when it names nothing (a root's parent)."""
+        try:
+            return _git(self.path, "rev-parse", "--verify", "--quiet", spec) or None
+        except CheckoutError:
+            return None
+
+    @contextmanager
+    def tree(self, sha: str, paths: Sequence[str] | None = None) -> Iterator[Path]:
+        """The files at ``sha`` in a fresh folder, removed afterwards.
+
+        Without ``paths`` a detached worktree (all files, fast: no clone); with ``paths``
+        only those paths, exported with ``git archive`` (for a huge upstream where a shard
+        needs one folder).
+        """
+        self.ensure(sha)
+        parent = Path(tempfile.mkdtemp(prefix=f"ci-relay-{sha[:12]}-"))
+        path = parent / "tree"
+        try:
+            if paths:
+                path.mkdir()
+                archive = subprocess.Popen(
+                    [
+                        "git",
+                        "--git-dir",
+                        str(self.path),
+                        "archive",
+                        "--format=tar",
+                        sha,
+                        "--",
+                        *paths,
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+                untar = subprocess.run(
+                    ["tar", "-x", "-C", str(path)], stdin=archive.stdout, capture_output=True
+                )
+                assert archive.stdout is not None
+                archive.stdout.close()
+                err = archive.stderr.read().decode(errors="replace") if archive.stderr else ""
+                if archive.wait() != 0 or untar.returncode != 0:
+                    raise CheckoutError(
+                        f"git archive {sha} -- {' '.join(paths)}: {err.strip()}"
+                        f"{untar.stderr.decode(errors='replace').strip()}"
+                    )
+                yield path
+                return
+            with self._locked():
+                _git(self.path, "worktree", "add", "--detach", "--quiet", str(path), sha)
+            try:
+                yield path
+            finally:
+                with self._locked():
+                    subprocess.run(
+                        [
+                            "git",
+                            "--git-dir",
+                            str(self.path),
+                            "worktree",
+                            "remove",
+                            "--force",
+                            str(path),
+                        ],
+                        capture_output=True,
+                        check=False,
+                    )
+                    subprocess.run(
+                        ["git", "--git-dir", str(self.path), "worktree", "prune"],
+                        capture_output=True,
+                        check=False,
+                    )
+        finally:
+            shutil.rmtree(parent, ignore_errors=True)
+
+    def __str__(self) -> str:
+        return str(self.path)

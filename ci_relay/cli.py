@@ -434,21 +434,50 @@ app.add_typer(images_app, name="images")
 @images_app.command("build")
 def images_build(
     backend: Annotated[
-        list[str] | None, typer.Option(help="Backends to build runner images for (default: cpu).")
+        list[str] | None,
+        typer.Option(
+            help="Backends to build runner images for "
+            "(default: every backend of the policy file, else cpu)."
+        ),
     ] = None,
+    relay: Annotated[
+        bool, typer.Option("--relay", help="Also build the relay's own image (API and workers).")
+    ] = False,
 ) -> None:
-    """Build runner image(s) offline (debootstrap base, local wheelhouse); reuses what exists."""
+    """Build images offline (debootstrap base, local wheelhouse); reuses what exists."""
     import subprocess
 
-    backends = backend or ["cpu"]
+    from reuse_specs.backends import UnknownBackend, get_backend
+
+    backends = backend or _policy_backends() or ["cpu"]
+    for name in backends:
+        try:
+            get_backend(name)
+        except UnknownBackend as exc:
+            raise _fail(str(exc)) from None
     root = Path(__file__).resolve().parent.parent
     if not (root / "pyproject.toml").is_file() or not (root / "docker").is_dir():
         raise _fail(f"{root} is not a ci-relay source checkout (images build from one)")
     script = Path(__file__).resolve().parent / "execution" / "build_images.sh"
-    if subprocess.run(["bash", str(script), str(root), *backends]).returncode:
+    targets = [f"runner-{b}" for b in backends] + (["relay"] if relay else [])
+    if subprocess.run(["bash", str(script), str(root), *targets]).returncode:
         raise _fail("image build failed (see the messages above)", 1)
-    ready = ", ".join(f"localhost/ci-relay-runner-{b}:latest" for b in backends)
-    out.print(f"runner image(s) ready: {ready}")
+    ready = ", ".join(f"localhost/ci-relay-{t}:latest" for t in targets)
+    out.print(f"image(s) ready: {ready}")
+
+
+def _policy_backends() -> list[str]:
+    """Every backend the configured policy file runs (what this relay's workers need)."""
+    from ci_relay.policy import PolicyError, load_policy
+
+    settings = _settings()
+    if settings.policy_file is None:
+        return []
+    try:
+        policy = load_policy(settings.policy_file)
+    except PolicyError as exc:
+        raise _fail(str(exc)) from None
+    return sorted({b for repo in policy.repositories.values() for b in repo.backends})
 
 
 @app.command("sample-upstream")

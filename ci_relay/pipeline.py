@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
@@ -20,7 +19,8 @@ from sqlalchemy import CursorResult, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ci_relay.checkouts import worktree
+from ci_relay.checkouts import UpstreamMirror
+from ci_relay.execution.devices import claim_device
 from ci_relay.execution.runtimes import Limits, RuntimeUnavailable, get_runtime
 from ci_relay.execution.runtimes import Runtime as ExecRuntime
 from ci_relay.execution.shard import ShardRequest, run_shard
@@ -40,6 +40,7 @@ from ci_relay.store.models import (
     TestResult,
     utcnow,
 )
+from reuse_specs.backends import get_backend
 from test_selection.agents import agent_by_name
 from test_selection.selector import SelectorConfig
 from test_selection.selector import select as select_tests_for
@@ -233,16 +234,14 @@ def select_tests(rt: Runtime, run_id: int, stale_after: timedelta) -> list[Next]
                 if s.state == ShardState.PENDING
             ]
         head, base, backend = run.change.head_sha, run.change.base_sha, run.backend
-    repo = _upstream_repo(rt)
+    mirror = _upstream_mirror(rt)
     settings = rt.settings
     budget = Budget.parse(settings.selection_budget)
-    if base is None:  # a new branch: compare with the parent, or run everything for a root
-        parent = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{head}^"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
+    mirror.ensure(head)
+    if base is not None:
+        mirror.ensure(base)
+    else:  # a new branch: compare with the parent, or run everything for a root
+        parent = mirror.rev_parse(f"{head}^")
         base, budget = (parent, budget) if parent else (head, Budget("all"))
     cache = settings.data_dir.resolve() / "cache"
     config = SelectorConfig(
@@ -257,7 +256,7 @@ def select_tests(rt: Runtime, run_id: int, stale_after: timedelta) -> list[Next]
         shards=settings.shards_per_run,
         cache_dir=cache,
     )
-    with worktree(repo, head) as tree:
+    with mirror.tree(head) as tree:
         plan, _ = select_tests_for(tree, base, head, rt.specs, config)
     with rt.db.session() as session:
         run = session.get(Run, run_id)
@@ -300,10 +299,11 @@ def shard_runtime(name: str, backend: str) -> ExecRuntime:
     return get_runtime("local", backend)
 
 
-def _upstream_repo(rt: Runtime) -> Path:
+def _upstream_mirror(rt: Runtime) -> UpstreamMirror:
+    """The bare mirror of the configured upstream, shared by every worker on this machine."""
     if rt.settings.upstream_repo is None:
-        raise RuntimeError("CI_RELAY_UPSTREAM_REPO is not set: the relay has no upstream checkout")
-    return rt.settings.upstream_repo
+        raise RuntimeError("CI_RELAY_UPSTREAM_REPO is not set: the relay has no upstream to test")
+    return UpstreamMirror(rt.settings.upstream_repo, rt.settings.data_dir.resolve() / "mirrors")
 
 
 def execute_shard(rt: Runtime, shard_id: int, stale_after: timedelta) -> list[Next]:
@@ -334,7 +334,18 @@ def execute_shard(rt: Runtime, shard_id: int, stale_after: timedelta) -> list[Ne
         run_id, backend, head = shard.run_id, shard.run.backend, shard.run.change.head_sha
         tests = list(shard.test_files)
     runtime = shard_runtime(rt.settings.runtime, backend)
-    with worktree(_upstream_repo(rt), head) as tree, tempfile.TemporaryDirectory() as tmp:
+    settings = rt.settings
+    with (
+        _upstream_mirror(rt).tree(head) as tree,
+        tempfile.TemporaryDirectory() as tmp,
+        claim_device(
+            backend,
+            get_backend(backend).processes_per_device,
+            settings.devices,
+            settings.device_lock_dir,
+            on_wait=lambda msg: log.info("shard %s: %s", shard_id, msg),
+        ) as device,
+    ):
         report = run_shard(
             runtime,
             ShardRequest(
@@ -347,6 +358,7 @@ def execute_shard(rt: Runtime, shard_id: int, stale_after: timedelta) -> list[Ne
                 limits=Limits(
                     memory_mb=rt.settings.shard_memory_mb, wall_seconds=SHARD_TIMEOUT_SECONDS
                 ),
+                env=device.env(),
             ),
         )
     results = list(report.results.values())

@@ -7,6 +7,7 @@ Precedence: explicit arguments, then the environment, then the file named by
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,9 @@ class Settings(BaseSettings):
     policy_file: Path | None = Field(default=None, description="repository allowlist and levels")
     max_body_bytes: int = Field(default=25 * MiB, gt=0)
     local_demo: bool = Field(default=False, description="allow serving without a webhook secret")
-    upstream_repo: Path | None = Field(default=None, description="local git repo of upstream")
+    upstream_repo: str | None = Field(
+        default=None, description="URL or path of the upstream git repository (mirrored locally)"
+    )
     specs: list[Path] = Field(default_factory=list, description="reuse spec files to run")
     selection_budget: str = Field(default="15%", description="15% | 600s | 200 | all")
     selection_agent: str = Field(default="local", description="local | llm | none")
@@ -42,7 +45,12 @@ class Settings(BaseSettings):
     llm_url: str | None = None
     llm_model: str | None = None
     llm_api_key: SecretStr | None = None
-    runtime: str = Field(default="auto", description="auto | sandbox | local")
+    runtime: str = Field(default="auto", description="auto | container | sandbox | local")
+    devices: int = Field(default=1, ge=1, description="accelerator cards of the backend here")
+    device_lock_dir: Path = Field(
+        default=Path(tempfile.gettempdir()) / "ci-relay-devices",
+        description="flock files through which workers on one machine share the cards",
+    )
     per_test_timeout: float = Field(default=600.0, gt=0)
     shard_memory_mb: int = Field(default=4096, gt=0)
     task_visibility_timeout: int = Field(default=4 * 3600, gt=0)

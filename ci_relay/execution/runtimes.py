@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -237,20 +238,34 @@ class ContainerRuntime:
                 str(inv.scratch): {"bind": str(inv.scratch), "mode": "rw"},
             },
         )
-        timed_out = False
         try:
-            try:
-                status = container.wait(timeout=inv.limits.wall_seconds)
-                code = int(status.get("StatusCode", -1))
-            except Exception:  # the engine's wait timed out: kill the whole container
-                timed_out = True
-                container.kill()
-                code = -signal.SIGKILL
+            code, timed_out = _wait_polling(container, inv.limits.wall_seconds)
             output = container.logs().decode(errors="replace")
             return Completed(code, output, timed_out)
         finally:
             with contextlib.suppress(docker.errors.APIError):
                 container.remove(force=True)
+
+
+def _wait_polling(container: Any, wall_seconds: float) -> tuple[int, bool]:
+    """Wait for the container to exit by asking for its state now and then.
+
+    Not the engine's blocking ``wait``: Podman's API service busy-polls while one is open,
+    burning a whole core per waiting shard (measured: two CPU-bound shards ran 0.66x as
+    fast as one; polling brought them to parallel speed). Kills the container at the limit.
+    """
+    deadline = time.monotonic() + wall_seconds
+    pause = 0.02
+    while True:
+        container.reload()
+        state = container.attrs.get("State", {})
+        if state.get("Status") in ("exited", "stopped", "dead"):
+            return int(state.get("ExitCode", -1)), False
+        if time.monotonic() >= deadline:
+            container.kill()
+            return -signal.SIGKILL, True
+        time.sleep(pause)
+        pause = min(pause * 2, 0.25)
 
 
 RUNTIMES = ("local", "sandbox", "container")
