@@ -18,6 +18,8 @@ from ci_relay.store.models import (
     Change,
     Delivery,
     DeliveryState,
+    OutboxMessage,
+    OutboxState,
     Run,
     Shard,
     ShardState,
@@ -163,6 +165,14 @@ def make_router(rt: Runtime, metrics: Metrics, broker_ok: Callable[[], bool]) ->
                 session.scalar(
                     select(func.count()).where(
                         Shard.state.in_([ShardState.PENDING, ShardState.RUNNING])
+                    )
+                )
+                or 0
+            )
+            metrics.pending.labels("reports").set(
+                session.scalar(
+                    select(func.count()).where(
+                        OutboxMessage.state.in_([OutboxState.PENDING, OutboxState.SENDING])
                     )
                 )
                 or 0

@@ -10,6 +10,7 @@ from ci_relay import api
 from ci_relay.intake import routes as intake
 from ci_relay.metrics import Metrics
 from ci_relay.pipeline import Next
+from ci_relay.reporting import ingest as crcr_ingest
 from ci_relay.runtime import Runtime
 
 
@@ -23,5 +24,6 @@ def create_app(
     metrics = Metrics()
     app.state.metrics = metrics
     app.include_router(intake.make_router(rt, metrics, enqueue))
+    app.include_router(crcr_ingest.make_router(rt))
     app.include_router(api.make_router(rt, metrics, broker_ok))
     return app

@@ -26,6 +26,8 @@ from ci_relay.execution.runtimes import Runtime as ExecRuntime
 from ci_relay.execution.shard import ShardRequest, run_shard
 from ci_relay.intake.events import ChangeIntent, summarize
 from ci_relay.outcomes import BAD_OUTCOMES
+from ci_relay.reporting.outbox import due as due_reports
+from ci_relay.reporting.outbox import enqueue_reports
 from ci_relay.runtime import Runtime
 from ci_relay.store.models import (
     Change,
@@ -55,7 +57,7 @@ SHARD_TIMEOUT_SECONDS = 3600
 class Next:
     """A task to enqueue after the step's transaction committed."""
 
-    task: str  # select | execute | collect
+    task: str  # process | select | execute | collect | report
     arg: int
     backend: str | None = None
 
@@ -80,6 +82,14 @@ def delivery_id_of(rt: Runtime, task: str, pk: int) -> str | None:
     with rt.db.session() as session:
         if task == "process":
             query = select(Delivery.delivery_id).where(Delivery.id == pk)
+        elif task == "report":
+            query = (
+                select(Delivery.delivery_id)
+                .join(Change, Change.delivery_pk == Delivery.id)
+                .join(Run, Run.change_id == Change.id)
+                .join(OutboxMessage, OutboxMessage.run_id == Run.id)
+                .where(OutboxMessage.id == pk)
+            )
         elif task == "execute":
             query = (
                 select(Delivery.delivery_id)
@@ -272,8 +282,9 @@ def select_tests(rt: Runtime, run_id: int, stale_after: timedelta) -> list[Next]
         if not shards:
             run.state, run.conclusion, run.finished_at = RunState.COMPLETED, "neutral", utcnow()
             log.info("run %s: the selector chose no test", run_id)
-            return []
+            return _reports(enqueue_reports(session, rt, run, "completed"))
         run.state = RunState.RUNNING
+        reports = _reports(enqueue_reports(session, rt, run, "in_progress"))
         session.flush()
         log.info(
             "run %s: %d of %d tests selected in %d shard(s)",
@@ -282,7 +293,7 @@ def select_tests(rt: Runtime, run_id: int, stale_after: timedelta) -> list[Next]
             plan.universe_size,
             len(shards),
         )
-        return [Next("execute", shard.id, backend) for shard in shards]
+        return [Next("execute", shard.id, backend) for shard in shards] + reports
 
 
 def shard_runtime(name: str, backend: str) -> ExecRuntime:
@@ -424,14 +435,13 @@ def collect(rt: Runtime, run_id: int) -> list[Next]:
             ),
         )
         if claimed:
-            session.add(
-                OutboxMessage(
-                    run_id=run_id,
-                    target="crcr",
-                    payload={"conclusion": conclusion, "counts": counts},
-                )
-            )
+            return _reports(enqueue_reports(session, rt, run, "completed"))
     return []
+
+
+def _reports(message_ids: list[int]) -> list[Next]:
+    """Send steps for outbox messages just written (reporting.sender sends them)."""
+    return [Next("report", pk) for pk in message_ids]
 
 
 def reconcile(rt: Runtime, older_than: timedelta, stale_after: timedelta) -> list[Next]:
@@ -470,6 +480,7 @@ def reconcile(rt: Runtime, older_than: timedelta, stale_after: timedelta) -> lis
                 s.state in (ShardState.DONE, ShardState.FAILED) for s in run.shards
             ):
                 out.append(Next("collect", run.id))
+        out.extend(_reports(due_reports(session, cutoff)))  # retries are due; or a lost send
         if out:
             session.execute(
                 update(Delivery)

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -55,6 +55,35 @@ class Settings(BaseSettings):
     shard_memory_mb: int = Field(default=4096, gt=0)
     task_visibility_timeout: int = Field(default=4 * 3600, gt=0)
     reconcile_after_seconds: int = Field(default=60, gt=0)
+    # Reports (ci_relay.reporting): where results go, and what we accept from other relays
+    report_name: str = Field(default="ci-relay", description="workflow / check name prefix")
+    public_url: str | None = Field(default=None, description="our base URL, for report links")
+    downstream_repo: str | None = Field(default=None, description="HUD trusted.verified_repo")
+    crcr_callback_url: str | None = None
+    crcr_callback_token: SecretStr | None = None
+    hud_url: str | None = Field(default=None, description="HUD's .../crcr/results endpoint")
+    hud_upload_token: SecretStr | None = Field(default=None, description="sent to hud_url")
+    hud_token: SecretStr | None = Field(default=None, description="required by our ingest")
+    github_api_url: str = "https://api.github.com"
+    github_app_id: str | None = None
+    github_app_private_key: SecretStr | None = Field(default=None, description="PEM text")
+    github_app_private_key_file: Path | None = None
+    github_installation_id: int | None = Field(default=None, description="default: looked up")
+    github_token: SecretStr | None = Field(default=None, description="commit statuses")
+    report_retry_base_seconds: float = Field(default=5.0, gt=0)
+    report_retry_max_seconds: float = Field(default=3600.0, gt=0)
+    report_timeout_seconds: float = Field(default=30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _reports_are_complete(self) -> Settings:
+        """Refuse half-configured reporters at start-up rather than at the first report."""
+        if self.hud_url and not self.downstream_repo:
+            raise ValueError("CI_RELAY_HUD_URL needs CI_RELAY_DOWNSTREAM_REPO (verified_repo)")
+        if self.github_app_id and not (
+            self.github_app_private_key or self.github_app_private_key_file
+        ):
+            raise ValueError("CI_RELAY_GITHUB_APP_ID needs CI_RELAY_GITHUB_APP_PRIVATE_KEY(_FILE)")
+        return self
 
     @classmethod
     def settings_customise_sources(
@@ -90,6 +119,14 @@ class Settings(BaseSettings):
     def public_dict(self) -> dict[str, Any]:
         """Settings safe to show: secrets reduced to whether they are set."""
         data = self.model_dump(mode="json")
-        for key in ("webhook_secret", "dispatch_token"):
+        for key in (
+            "webhook_secret",
+            "dispatch_token",
+            "crcr_callback_token",
+            "hud_upload_token",
+            "hud_token",
+            "github_app_private_key",
+            "github_token",
+        ):
             data[key] = "set" if getattr(self, key) else None
         return data

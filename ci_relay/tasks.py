@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError
 from ci_relay import pipeline
 from ci_relay.logs import delivery_context
 from ci_relay.pipeline import Next
+from ci_relay.reporting import sender
 from ci_relay.runtime import Runtime
 from ci_relay.settings import Settings
 
@@ -48,9 +49,10 @@ def configure(settings: Settings) -> Runtime:
     transport: dict[str, Any] = {"visibility_timeout": settings.task_visibility_timeout}
     if settings.embedded_broker:
         folder = settings.broker_folder
-        for sub in ("queue", "processed"):
+        for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         transport.update(
+            control_folder=str(folder / "control"),  # kombu's default is ./control (the cwd)
             data_folder_in=str(folder / "queue"),
             data_folder_out=str(folder / "queue"),
             processed_folder=str(folder / "processed"),
@@ -72,6 +74,7 @@ def configure(settings: Settings) -> Runtime:
             "relay.process_delivery": {"queue": "intake"},
             "relay.select": {"queue": "select"},
             "relay.collect": {"queue": "report"},
+            "relay.send_report": {"queue": "report"},
         },
     )
     return _runtime
@@ -93,6 +96,8 @@ def enqueue(steps: list[Next]) -> None:
                 execute_shard.apply_async((step.arg,), queue=exec_queue(step.backend or "cpu"))
             elif step.task == "collect":
                 collect.apply_async((step.arg,), queue="report")
+            elif step.task == "report":
+                send_report.apply_async((step.arg,), queue="report")
         except Exception:  # broker down: the database still says what is pending
             log.exception("could not enqueue %s %s; the reconciler will retry", step.task, step.arg)
 
@@ -142,6 +147,27 @@ def execute_shard(shard_id: int) -> None:
 @celery_app.task(name="relay.collect", **RETRY)
 def collect(run_id: int) -> None:
     _step("collect", run_id, lambda: pipeline.collect(runtime(), run_id))
+
+
+# A retry due within this many seconds is queued with a countdown; a later one is left to
+# the reconciler, which finds it in the outbox when it is due (nothing waits in memory long).
+REPORT_COUNTDOWN_MAX = 300
+
+
+@celery_app.task(name="relay.send_report", **RETRY)
+def send_report(message_id: int) -> None:
+    """Send one outbox message (see ci_relay.reporting.sender); the row records the outcome."""
+
+    def body() -> list[Next]:
+        attempt = sender.deliver(runtime(), message_id)
+        if attempt.retry_in is not None and attempt.retry_in <= REPORT_COUNTDOWN_MAX:
+            try:
+                send_report.apply_async((message_id,), queue="report", countdown=attempt.retry_in)
+            except Exception:  # the row is pending and due: the reconciler sends it
+                log.exception("could not queue the retry of report %s", message_id)
+        return [Next("report", pk) for pk in attempt.unblocked]
+
+    _step("report", message_id, body)
 
 
 def reconcile_once() -> int:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ci_relay.execution.runtimes import PODMAN_SOCKET
 from ci_relay.settings import Settings
 from tests.conftest import CliResult
 
@@ -95,3 +96,39 @@ def test_the_spyre_runner_needs_the_spyre_stack(tmp_path: Path) -> None:
         pytest.fail(proc.stderr)
     assert proc.returncode == 2, proc.stderr
     assert "CI_RELAY_SPYRE_BASE_IMAGE" in proc.stderr and "torch_spyre wheel" in proc.stderr
+
+
+PROBE = """
+ci-relay serve --port 8000 --local-demo --no-worker >/tmp/serve.log 2>&1 &
+for i in $(seq 1 120); do
+  if python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/readyz').read().decode())"; then
+    exit 0
+  fi
+  sleep 0.5
+done
+cat /tmp/serve.log
+exit 1
+"""
+
+
+@pytest.mark.slow
+def test_the_relay_image_serves_its_api() -> None:
+    """The image built by `ci-relay images build --relay` (scripts/test.sh builds it) starts
+    the API, migrates its database and answers /readyz, with no network but loopback."""
+    import docker
+
+    client = docker.DockerClient(base_url=os.environ.get("DOCKER_HOST", PODMAN_SOCKET))
+    container = client.containers.run(
+        "localhost/ci-relay-relay:latest",
+        ["sh", "-c", PROBE],
+        detach=True,
+        network_mode="none",
+        environment={"CI_RELAY_DATA_DIR": "/tmp/relay"},
+    )
+    try:
+        code = container.wait(timeout=300)["StatusCode"]
+        logs = container.logs().decode(errors="replace")
+    finally:
+        container.remove(force=True)
+    assert code == 0, logs
+    assert '"database":"ok"' in logs, logs

@@ -55,7 +55,9 @@ relay_wheels() {  # the whole service with its selection agent; torch pinned to 
   local wheels="$work/relay/wheels"
   mkdir -p "$wheels"
   rm -f "$wheels"/ci_relay-*.whl
-  python3 -m pip wheel -q -w "$wheels" "torch==2.13.0" "$root[agent]" >/dev/null
+  # async-timeout: redis wants it below Python 3.11.3 (Debian's 3.11.2), not on the host's.
+  python3 -m pip wheel -q -w "$wheels" "torch==2.13.0" "$root[agent]" "async-timeout>=4.0.3" \
+    >/dev/null
   echo "$work/relay"
 }
 

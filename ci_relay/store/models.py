@@ -204,11 +204,23 @@ class TestResult(Base):
     shard: Mapped[Shard] = relationship(back_populates="results")
 
 
+class OutboxState:
+    PENDING = "pending"  # waiting for next_attempt_at (first try or a retry)
+    SENDING = "sending"  # claimed by a sender until next_attempt_at (its lease)
+    SENT = "sent"
+    FAILED = "failed"  # the target refused it (4xx): our payload is wrong; not retried
+    SUPERSEDED = "superseded"  # a newer report of the same run and target replaces it
+
+
 class OutboxMessage(Base):
     """A report to send (CRCR callback, HUD, GitHub check), retried until delivered."""
 
     __tablename__ = "outbox"
-    __table_args__ = (Index("ix_outbox_state", "state"),)
+    __table_args__ = (
+        Index("ix_outbox_state", "state"),
+        Index("ix_outbox_run_target", "run_id", "target"),
+        Index("ix_outbox_target_key", "target", "key"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
@@ -219,3 +231,42 @@ class OutboxMessage(Base):
     next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # what the limits of a target are counted by, e.g. GitHub's statuses per (sha, context)
+    key: Mapped[str | None] = mapped_column(String(512))
+    # what the target answered that later attempts or reports need (a check run id, progress)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class CrcrResult(Base):
+    """A HUD-format result another downstream relay sent us, upserted on the HUD key."""
+
+    __tablename__ = "crcr_results"
+    __table_args__ = (
+        UniqueConstraint(
+            "verified_repo",
+            "delivery_id",
+            "workflow_name",
+            "job_name",
+            "check_run_id",
+            name="uq_crcr_result_key",
+        ),
+        Index("ix_crcr_results_repo", "verified_repo", "updated_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    verified_repo: Mapped[str] = mapped_column(String(256))
+    delivery_id: Mapped[str] = mapped_column(String(128))
+    workflow_name: Mapped[str] = mapped_column(String(256))
+    job_name: Mapped[str] = mapped_column(String(256))
+    check_run_id: Mapped[str] = mapped_column(String(64))
+    level: Mapped[str | None] = mapped_column(String(16))
+    event_type: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    conclusion: Mapped[str | None] = mapped_column(String(32))
+    upstream_repo: Mapped[str | None] = mapped_column(String(256))
+    head_sha: Mapped[str | None] = mapped_column(String(64))
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -1,0 +1,121 @@
+"""``POST /api/crcr/results``: take HUD-format results from other downstream relays.
+
+Checks in the order that costs least for a bad caller: the ``x-hud-internal-bot`` token
+(constant-time; 401), the 2 MiB limit counted on the streamed body (413), JSON and the
+HUD schema (422 naming the field). Accepted bodies are upserted on HUD's key.
+``GET /api/crcr/results`` lists them for the dashboard.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from ci_relay.reporting import results_store
+from ci_relay.reporting.hud import TOKEN_HEADER
+from ci_relay.reporting.wire import MAX_ACCEPT_BYTES, HudBody
+from ci_relay.runtime import Runtime
+from ci_relay.store.models import AuditRecord
+
+log = logging.getLogger("ci_relay.reporting.ingest")
+PATH = "/api/crcr/results"
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_at_most(request: Request, limit: int) -> bytes:
+    """The body, stopping as soon as it passes ``limit`` (a Content-Length is only a hint)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _TooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _field(error: dict[str, Any]) -> str:
+    return ".".join(str(part) for part in error["loc"]) or "body"
+
+
+def make_router(rt: Runtime) -> APIRouter:
+    router = APIRouter()
+
+    def audit(request: Request, status: int, reason: str) -> None:
+        with rt.db.session() as session:
+            session.add(
+                AuditRecord(
+                    path=request.url.path,
+                    status=status,
+                    reason=reason,
+                    remote=request.client.host if request.client else None,
+                )
+            )
+
+    async def reject(request: Request, status: int, reason: str) -> JSONResponse:
+        await run_in_threadpool(audit, request, status, reason)
+        log.warning("rejected %s: %s (%s)", request.url.path, reason, status)
+        return JSONResponse({"error": reason}, status_code=status)
+
+    @router.post(PATH)
+    async def ingest(request: Request) -> JSONResponse:
+        expected = rt.settings.hud_token
+        given = request.headers.get(TOKEN_HEADER)
+        if expected is None:
+            return await reject(request, 401, "ingest is disabled (CI_RELAY_HUD_TOKEN not set)")
+        if given is None or not hmac.compare_digest(
+            given.encode(), expected.get_secret_value().encode()
+        ):
+            reason = f"missing {TOKEN_HEADER}" if given is None else f"wrong {TOKEN_HEADER}"
+            return await reject(request, 401, reason)
+        try:
+            raw = await _read_at_most(request, MAX_ACCEPT_BYTES)
+        except _TooLarge:
+            return await reject(
+                request, 413, f"body over the HUD limit of {MAX_ACCEPT_BYTES} bytes (2 MiB)"
+            )
+        try:
+            data = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return await reject(request, 422, f"body is not JSON: {exc}")
+        try:
+            body = HudBody.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            return await reject(request, 422, f"field {_field(dict(first))}: {first['msg']}")
+        stored = await run_in_threadpool(results_store.upsert, rt.db, body, raw)
+        key = "/".join(body.key())
+        log.info("crcr result %s stored (created=%s)", key, stored.created)
+        return JSONResponse(
+            {"id": stored.id, "key": key, "created": stored.created, "updated": stored.updated},
+            status_code=201 if stored.created else 200,
+        )
+
+    @router.get(PATH)
+    async def listing(
+        repo: str | None = Query(None, description="sending relay or upstream owner/name"),
+        limit: int = Query(100, ge=1, le=1000),
+    ) -> list[dict[str, Any]]:
+        return await run_in_threadpool(results_store.listing, rt.db, repo, limit)
+
+    @router.get(PATH + "/{result_id}/body")
+    async def raw_body(result_id: int) -> Response:
+        body = await run_in_threadpool(results_store.body_of, rt.db, result_id)
+        if body is None:
+            raise HTTPException(404, f"no result {result_id}")
+        return Response(body, media_type="application/json")
+
+    return router
