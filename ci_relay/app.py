@@ -1,4 +1,4 @@
-"""The FastAPI application: intake, read API, health and metrics."""
+"""The FastAPI application: intake, read API, dashboard, health and metrics."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from fastapi import FastAPI
 
-from ci_relay import api
+from ci_relay import api, dashboard
 from ci_relay.intake import routes as intake
 from ci_relay.metrics import Metrics
 from ci_relay.pipeline import Next
@@ -24,6 +24,7 @@ def create_app(
     metrics = Metrics()
     app.state.metrics = metrics
     app.include_router(intake.make_router(rt, metrics, enqueue))
-    app.include_router(crcr_ingest.make_router(rt))
     app.include_router(api.make_router(rt, metrics, broker_ok))
+    app.include_router(crcr_ingest.make_router(rt))
+    dashboard.install(app, rt)
     return app

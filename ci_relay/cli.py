@@ -552,7 +552,9 @@ def demo(
                 f"run {run['id']} on {run['backend']} ({run['level']}): "
                 f"[bold]{run['conclusion']}[/] — {counts}"
             )
-            out.print(f"results: {relay.url}/api/runs/{run['id']}")
+            out.print(f"results: {relay.url}/runs/{run['id']}   (JSON: /api/runs/{run['id']})")
+        out.print(f"dashboard: {relay.url}/")
+        out.print(f"commit: {relay.url}/commits/{payload['after']}")
         out.print(f"changes: {relay.url}/api/changes   deliveries: {relay.url}/api/deliveries")
         if not exit_when_done:
             out.print("the relay keeps running; press Ctrl-C to stop it")

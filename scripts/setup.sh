@@ -13,6 +13,8 @@ command -v podman >/dev/null || missing+=(podman)
 command -v runc >/dev/null || missing+=(runc)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
 command -v curl >/dev/null || missing+=(curl)
+# dashboard browser tests: Debian's Chromium, driven by Playwright (never `playwright install`)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}" >&2
   if [ "$(id -u)" = 0 ]; then

@@ -102,7 +102,11 @@ class Change(Base):
     """An upstream change a delivery describes: a PR head, a push, a rerun request."""
 
     __tablename__ = "changes"
-    __table_args__ = (Index("ix_changes_repo_head", "repository", "head_sha"),)
+    __table_args__ = (
+        Index("ix_changes_repo_head", "repository", "head_sha"),
+        Index("ix_changes_head", "head_sha"),  # the dashboard's commit page (sha prefixes)
+        Index("ix_changes_repo_number", "repository", "number"),  # its PR page
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     delivery_pk: Mapped[int] = mapped_column(ForeignKey("deliveries.id"), unique=True)
@@ -191,7 +195,10 @@ class TestResult(Base):
 
     __test__ = False
     __tablename__ = "test_results"
-    __table_args__ = (UniqueConstraint("shard_id", "nodeid", name="uq_result_node"),)
+    __table_args__ = (
+        UniqueConstraint("shard_id", "nodeid", name="uq_result_node"),
+        Index("ix_results_nodeid", "nodeid"),  # one test's history
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     shard_id: Mapped[int] = mapped_column(ForeignKey("shards.id"))

@@ -1,0 +1,167 @@
+"""The dashboard's HTTP surface: each page at ``/...`` and its JSON twin at ``/api/...``.
+
+Both call the same query function; routes only parse parameters, open a session,
+and render. Handlers are plain functions, so FastAPI runs the (blocking) database
+reads in its thread pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, FastAPI, HTTPException, Query
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from sqlalchemy.orm import Session
+
+from ci_relay.dashboard import queries
+from ci_relay.dashboard.figures import duration_chart, trend_charts
+from ci_relay.dashboard.templating import make_environment
+from ci_relay.dashboard.views import to_json
+from ci_relay.runtime import Runtime
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATIC_PATH = "/static/dashboard"
+PER_PAGE = 50
+MAX_PER_PAGE = 200
+PLAN_PER_PAGE = 100
+
+T = TypeVar("T")
+
+
+def install(app: FastAPI, rt: Runtime) -> None:
+    """Add the dashboard's pages, JSON API and stylesheet to the relay's app."""
+    app.include_router(make_router(rt))
+    app.mount(STATIC_PATH, StaticFiles(directory=STATIC_DIR), name="dashboard-static")
+
+
+def make_router(rt: Runtime) -> APIRouter:
+    router = APIRouter()
+    env = make_environment()
+
+    def read(query: Callable[[Session], T]) -> T:
+        with rt.db.session() as session:
+            return query(session)
+
+    def page(template: str, title: str, status: int = 200, **context: Any) -> HTMLResponse:
+        html = env.get_template(template).render(title=title, static=STATIC_PATH, **context)
+        return HTMLResponse(html, status_code=status)
+
+    def missing(message: str) -> HTMLResponse:
+        return page("not_found.html", "Not found", 404, message=message)
+
+    def found(view: Any, message: str) -> JSONResponse:
+        if view is None:
+            raise HTTPException(404, message)
+        return JSONResponse(to_json(view))
+
+    # grid -------------------------------------------------------------------------------
+
+    @router.get("/", response_class=HTMLResponse)
+    def grid_page(
+        page_no: int = Query(1, ge=1, alias="page"),
+        per_page: int = Query(PER_PAGE, ge=1, le=MAX_PER_PAGE),
+    ) -> HTMLResponse:
+        view = read(lambda s: queries.grid(s, page_no, per_page))
+        return page("grid.html", "Grid", grid=view)
+
+    @router.get("/api/grid")
+    def grid_api(
+        page_no: int = Query(1, ge=1, alias="page"),
+        per_page: int = Query(PER_PAGE, ge=1, le=MAX_PER_PAGE),
+    ) -> JSONResponse:
+        return JSONResponse(to_json(read(lambda s: queries.grid(s, page_no, per_page))))
+
+    # commit and pull request --------------------------------------------------------------
+
+    @router.get("/commits/{sha}", response_class=HTMLResponse)
+    def commit_html(sha: str) -> HTMLResponse:
+        view = read(lambda s: queries.commit_page(s, sha))
+        if view is None:
+            return missing(f"No change for commit {sha} has been received.")
+        return page("commit.html", f"Commit {sha[:10]}", view=view)
+
+    @router.get("/api/commits/{sha}")
+    def commit_api(sha: str) -> JSONResponse:
+        view = read(lambda s: queries.commit_page(s, sha))
+        return found(view, f"no change for commit {sha} has been received")
+
+    @router.get("/prs/{number}", response_class=HTMLResponse)
+    def pull_request_html(number: int, repo: str | None = None) -> HTMLResponse:
+        view = read(lambda s: queries.pull_request_page(s, number, repo))
+        if view is None:
+            where = f" in {repo}" if repo else ""
+            return missing(f"No change for pull request #{number}{where} has been received.")
+        return page("pull_request.html", f"PR #{number}", view=view)
+
+    @router.get("/api/prs/{number}")
+    def pull_request_api(number: int, repo: str | None = None) -> JSONResponse:
+        view = read(lambda s: queries.pull_request_page(s, number, repo))
+        return found(view, f"no change for pull request #{number} has been received")
+
+    # run ------------------------------------------------------------------------------------
+
+    @router.get("/runs/{run_id}", response_class=HTMLResponse)
+    def run_html(
+        run_id: int,
+        selected_page: int = Query(1, ge=1),
+        excluded_page: int = Query(1, ge=1),
+    ) -> HTMLResponse:
+        view = read(
+            lambda s: queries.run_page(s, run_id, selected_page, excluded_page, PLAN_PER_PAGE)
+        )
+        if view is None:
+            return missing(f"There is no run {run_id}.")
+        return page("run.html", f"Run {run_id}", view=view)
+
+    # ``/api/runs/{id}`` is the relay's raw run (every result, the whole plan); this is the
+    # run page's data: failures, shards and the selection explained, paginated
+    @router.get("/api/runs/{run_id}/view")
+    def run_api(
+        run_id: int,
+        selected_page: int = Query(1, ge=1),
+        excluded_page: int = Query(1, ge=1),
+    ) -> JSONResponse:
+        view = read(
+            lambda s: queries.run_page(s, run_id, selected_page, excluded_page, PLAN_PER_PAGE)
+        )
+        return found(view, f"no run {run_id}")
+
+    # test -------------------------------------------------------------------------------------
+
+    @router.get("/tests", response_class=HTMLResponse)
+    def test_html(
+        nodeid: str = Query(..., min_length=1, max_length=1024),
+        page_no: int = Query(1, ge=1, alias="page"),
+    ) -> HTMLResponse:
+        view = read(lambda s: queries.history(s, nodeid, page_no, PER_PAGE))
+        if view is None:
+            return missing(f"No result has been stored for the test {nodeid}.")
+        return page("test.html", "Test history", view=view, chart=duration_chart(view))
+
+    @router.get("/api/tests")
+    def test_api(
+        nodeid: str = Query(..., min_length=1, max_length=1024),
+        page_no: int = Query(1, ge=1, alias="page"),
+    ) -> JSONResponse:
+        view = read(lambda s: queries.history(s, nodeid, page_no, PER_PAGE))
+        return found(view, f"no result has been stored for the test {nodeid}")
+
+    # trends ------------------------------------------------------------------------------------
+
+    @router.get("/trends", response_class=HTMLResponse)
+    def trends_html(
+        backend: str | None = None, limit: int = Query(200, ge=1, le=2000)
+    ) -> HTMLResponse:
+        view = read(lambda s: queries.trends(s, backend or None, limit))
+        return page("trends.html", "Trends", view=view, charts=trend_charts(view), limit=limit)
+
+    @router.get("/api/trends")
+    def trends_api(
+        backend: str | None = None, limit: int = Query(200, ge=1, le=2000)
+    ) -> JSONResponse:
+        return JSONResponse(to_json(read(lambda s: queries.trends(s, backend or None, limit))))
+
+    return router

@@ -1,0 +1,136 @@
+"""Reading a stored ``TestPlan`` for people: reasons grouped by stage, outcomes per test.
+
+The plan names generic tests (``file::TestX::test_y``) while results name executed
+variants (``file::TestXCPU::test_y_cpu_float32``); matching them here lets the run
+page say, next to each reason, what actually happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ci_relay.dashboard.views import (
+    EvidenceItem,
+    Pager,
+    PlannedTestView,
+    SelectionView,
+    StageEvidence,
+    Variant,
+)
+
+STAGE_ORDER = ("candidates", "agent", "plan")
+
+
+def _split(nodeid: str) -> tuple[str, str, str]:
+    parts = nodeid.split("::")
+    if len(parts) >= 3:
+        return parts[0], parts[-2], parts[-1]
+    if len(parts) == 2:
+        return parts[0], "", parts[1]
+    return "", "", nodeid
+
+
+def match_variants(generic: Iterable[str], executed: Iterable[str]) -> dict[str, list[str]]:
+    """Map each executed node id to the most specific generic test it instantiates.
+
+    A variant's class starts with the generic class (``TestX`` -> ``TestXCPU``) and its
+    name is the generic name or that name plus ``_suffix``; of several generic names
+    that fit (``test_add`` and ``test_add_scalar``), the longest wins.
+    """
+    by_name: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for test in generic:
+        file, cls, name = _split(test)
+        by_name.setdefault((file, name), []).append((cls, test))
+    out: dict[str, list[str]] = {}
+    for nodeid in executed:
+        file, cls, name = _split(nodeid)
+        pieces = name.split("_")
+        for cut in range(len(pieces), 0, -1):
+            owners = by_name.get((file, "_".join(pieces[:cut])))
+            owner = next((t for c, t in owners or () if cls.startswith(c)), None)
+            if owner is not None:
+                out.setdefault(owner, []).append(nodeid)
+                break
+    return out
+
+
+def _stages(evidence: Any) -> list[StageEvidence]:
+    grouped: dict[str, list[EvidenceItem]] = {}
+    for item in evidence if isinstance(evidence, list) else []:
+        if not isinstance(item, Mapping):
+            continue
+        grouped.setdefault(str(item.get("stage", "?")), []).append(
+            EvidenceItem(
+                source=str(item.get("source", "")),
+                score=float(item.get("score", 0.0) or 0.0),
+                reason=str(item.get("reason", "")),
+            )
+        )
+    order = sorted(
+        grouped, key=lambda s: (STAGE_ORDER.index(s) if s in STAGE_ORDER else len(STAGE_ORDER), s)
+    )
+    return [
+        StageEvidence(stage, round(sum(i.score for i in grouped[stage]), 4), grouped[stage])
+        for stage in order
+    ]
+
+
+def _planned(
+    item: Mapping[str, Any], variants: Mapping[str, list[str]], outcomes: Mapping[str, str]
+) -> PlannedTestView:
+    test = str(item.get("test", ""))
+    shard = item.get("shard")
+    return PlannedTestView(
+        test=test,
+        file=str(item.get("file", _split(test)[0])),
+        score=float(item.get("score", 0.0) or 0.0),
+        mode=item.get("mode"),
+        shard=int(shard) if isinstance(shard, int) else None,
+        duration=float(item.get("duration", 0.0) or 0.0),
+        reasons=[str(r) for r in item.get("reasons", []) or []],
+        stages=_stages(item.get("evidence")),
+        variants=[Variant(n, outcomes[n]) for n in sorted(variants.get(test, []))],
+    )
+
+
+def _page(items: list[Any], page: int, per_page: int) -> tuple[list[Any], Pager]:
+    pager = Pager(min(page, max(1, -(-len(items) // per_page))), per_page, len(items))
+    return items[pager.offset : pager.offset + per_page], pager
+
+
+def explain(
+    strategy: str,
+    plan: Mapping[str, Any],
+    outcomes: Mapping[str, str],
+    selected_page: int = 1,
+    excluded_page: int = 1,
+    per_page: int = 100,
+) -> SelectionView:
+    """The run page's selection section: a page of selected and of left-out tests.
+
+    ``outcomes`` maps the run's executed node ids to their outcomes.
+    """
+    selected = [t for t in plan.get("selected", []) or [] if isinstance(t, Mapping)]
+    excluded = [t for t in plan.get("excluded", []) or [] if isinstance(t, Mapping)]
+    variants = match_variants((str(t.get("test", "")) for t in selected), outcomes)
+    shown_selected, selected_pager = _page(selected, selected_page, per_page)
+    shown_excluded, excluded_pager = _page(excluded, excluded_page, per_page)
+    change = plan.get("change")
+    return SelectionView(
+        strategy=strategy,
+        base=plan.get("base"),
+        head=plan.get("head"),
+        budget=plan.get("budget"),
+        agent=plan.get("agent"),
+        universe_size=int(plan.get("universe_size", 0) or 0),
+        selected_total=len(selected),
+        excluded_total=len(excluded),
+        shard_count=len(plan.get("shards", []) or []),
+        notes=[str(n) for n in plan.get("notes", []) or []],
+        change=dict(change) if isinstance(change, Mapping) else {},
+        selected=[_planned(t, variants, outcomes) for t in shown_selected],
+        selected_pager=selected_pager,
+        excluded=[_planned(t, {}, outcomes) for t in shown_excluded],
+        excluded_pager=excluded_pager,
+    )

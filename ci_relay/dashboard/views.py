@@ -1,0 +1,326 @@
+"""What each dashboard page shows, as plain dataclasses.
+
+The HTML templates and the JSON API render the same objects, so a page and its
+``/api/...`` twin can never disagree about the data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Pager:
+    """One page of a longer listing (offset pagination; page numbers start at 1)."""
+
+    page: int
+    per_page: int
+    total: int
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // self.per_page))
+
+    @property
+    def offset(self) -> int:
+        return (self.page - 1) * self.per_page
+
+    @property
+    def has_prev(self) -> bool:
+        return self.page > 1
+
+    @property
+    def has_next(self) -> bool:
+        return self.page < self.pages
+
+
+@dataclass(frozen=True)
+class Cell:
+    """The latest run of one backend on one commit."""
+
+    run_id: int
+    backend: str
+    status: str
+    state: str
+    conclusion: str | None
+    attempt: int
+    runs: int  # how many runs (attempts) this commit has on this backend
+    counts: dict[str, int]  # in reading order, zeros dropped
+
+
+@dataclass(frozen=True)
+class GridRow:
+    repository: str
+    head_sha: str
+    number: int | None  # a pull request number, when the commit came from one
+    last_seen: datetime
+    cells: dict[str, Cell]
+
+
+@dataclass(frozen=True)
+class Grid:
+    backends: list[str]
+    rows: list[GridRow]
+    pager: Pager
+
+
+@dataclass(frozen=True)
+class ChangeInfo:
+    """One delivery's view of a commit: the PR synchronize, the push, the rerun request."""
+
+    id: int
+    repository: str
+    kind: str
+    number: int | None
+    ref: str | None
+    base_sha: str | None
+    head_sha: str
+    event: str
+    action: str | None
+    delivery_id: str
+    received_at: datetime
+    title: str | None
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    run_id: int
+    index: int
+    state: str
+    exit_code: int | None
+    attempts: int
+    tests: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    log_tail: str | None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A test that broke a run, or passed only on its rerun (flaky)."""
+
+    result_id: int
+    run_id: int
+    shard_index: int
+    nodeid: str
+    outcome: str
+    mode: str | None
+    duration: float
+    message: str | None
+    log_excerpt: list[str]  # the shard log lines naming this test
+
+    @property
+    def flaky(self) -> bool:
+        return self.outcome == "flaky"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    id: int
+    change_id: int
+    repository: str
+    head_sha: str
+    number: int | None
+    backend: str
+    attempt: int
+    level: str
+    state: str
+    conclusion: str | None
+    status: str
+    counts: dict[str, int]  # in reading order, zeros dropped
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    shards: list[ShardInfo] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    failures_total: int = 0
+    triage: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class HeadDetail:
+    """Everything the relay did for one upstream commit."""
+
+    repository: str
+    head_sha: str
+    changes: list[ChangeInfo]
+    runs: list[RunInfo]
+
+
+@dataclass(frozen=True)
+class CommitPage:
+    sha: str
+    heads: list[HeadDetail]
+
+
+@dataclass(frozen=True)
+class PullRequestPage:
+    number: int
+    repository: str | None
+    title: str | None
+    heads: list[HeadDetail]  # newest first
+
+
+@dataclass(frozen=True)
+class EvidenceItem:
+    source: str
+    score: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class StageEvidence:
+    """What one selector stage (candidates, agent, plan) said about one test."""
+
+    stage: str
+    score: float
+    items: list[EvidenceItem]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One executed instance of a planned test (device class, dtype, op) and its outcome."""
+
+    nodeid: str
+    outcome: str
+
+
+@dataclass(frozen=True)
+class PlannedTestView:
+    test: str
+    file: str
+    score: float
+    mode: str | None
+    shard: int | None
+    duration: float
+    reasons: list[str]
+    stages: list[StageEvidence]
+    variants: list[Variant]
+
+
+@dataclass(frozen=True)
+class SelectionView:
+    strategy: str
+    base: str | None
+    head: str | None
+    budget: str | None
+    agent: str | None
+    universe_size: int
+    selected_total: int
+    excluded_total: int
+    shard_count: int
+    notes: list[str]
+    change: dict[str, Any]
+    selected: list[PlannedTestView]
+    selected_pager: Pager
+    excluded: list[PlannedTestView]
+    excluded_pager: Pager
+
+
+@dataclass(frozen=True)
+class RunPage:
+    run: RunInfo
+    changes: list[ChangeInfo]
+    selection: SelectionView | None
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    result_id: int
+    run_id: int
+    backend: str
+    repository: str
+    head_sha: str
+    number: int | None
+    outcome: str
+    mode: str | None
+    duration: float
+    message: str | None
+    at: datetime
+
+
+@dataclass(frozen=True)
+class TestHistory:
+    __test__ = False
+
+    nodeid: str
+    total: int
+    passed: int
+    failed: int  # outcomes that broke a run
+    flaky: int
+    skipped: int
+    mean_duration: float
+    max_duration: float
+    entries: list[HistoryEntry]
+    pager: Pager
+    durations: list[tuple[int, float, str]]  # (run id, seconds, outcome), oldest first
+
+    @property
+    def flake_rate(self) -> float:
+        return self.flaky / self.total if self.total else 0.0
+
+    @property
+    def failure_rate(self) -> float:
+        return self.failed / self.total if self.total else 0.0
+
+
+@dataclass(frozen=True)
+class TrendPoint:
+    run_id: int
+    backend: str
+    head_sha: str
+    created_at: datetime
+    conclusion: str | None
+    pass_rate: float | None
+    selected: int | None
+    universe: int | None
+    time_to_signal: float | None  # seconds from webhook received to the first stored result
+
+
+@dataclass(frozen=True)
+class Trends:
+    backend: str | None
+    backends: list[str]
+    points: list[TrendPoint]  # oldest first
+
+    @property
+    def mean_pass_rate(self) -> float | None:
+        rates = [p.pass_rate for p in self.points if p.pass_rate is not None]
+        return sum(rates) / len(rates) if rates else None
+
+    @property
+    def mean_selected_share(self) -> float | None:
+        shares = [
+            p.selected / p.universe for p in self.points if p.selected is not None and p.universe
+        ]
+        return sum(shares) / len(shares) if shares else None
+
+    @property
+    def median_time_to_signal(self) -> float | None:
+        times = sorted(p.time_to_signal for p in self.points if p.time_to_signal is not None)
+        return times[len(times) // 2] if times else None
+
+
+@functools.cache
+def _json_names(cls: type) -> tuple[str, ...]:
+    """A view class's fields, then its properties (derived values the JSON also carries)."""
+    fields = tuple(f.name for f in dataclasses.fields(cls))
+    properties = tuple(n for n in dir(cls) if isinstance(getattr(cls, n, None), property))
+    return fields + properties
+
+
+def to_json(view: Any) -> Any:
+    """A view as JSON-ready data: dataclasses to dicts (with their properties), datetimes ISO."""
+    if dataclasses.is_dataclass(view) and not isinstance(view, type):
+        return {name: to_json(getattr(view, name)) for name in _json_names(type(view))}
+    if isinstance(view, dict):
+        return {str(k): to_json(v) for k, v in view.items()}
+    if isinstance(view, list | tuple):
+        return [to_json(v) for v in view]
+    if isinstance(view, datetime):
+        return view.isoformat()
+    return view
