@@ -121,6 +121,15 @@ def _load_for_run(
     return loaded, profile, root
 
 
+def _check_backend(profile: Backend) -> None:
+    from reuse_specs.backends import BackendUnavailable
+
+    try:
+        profile.check()
+    except BackendUnavailable as exc:
+        raise _fail(str(exc)) from None
+
+
 @specs_app.command("check")
 def specs_check(
     paths: Annotated[list[Path], typer.Argument(help="Spec files or folders of them.")],
@@ -170,6 +179,7 @@ def specs_show(
 ) -> None:
     """List every test variant the spec covers, with its mode and why (collects, runs nothing)."""
     loaded, profile, root = _load_for_run(specs, upstream, backend)
+    _check_backend(profile)
     spec_files = _spec_files(specs)
     with err.status("collecting upstream tests…"):
         result, decided = run_pytest(
@@ -256,6 +266,7 @@ def run_specs(
 ) -> RunResult:
     """Validate, run with progress, print the summary; the body of ``ci-relay run``."""
     loaded, profile, root = _load_for_run(specs, upstream, backend)
+    _check_backend(profile)
     spec_files = _spec_files(specs)
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
@@ -395,6 +406,8 @@ def _run_isolated(
         runtime = get_runtime(runtime_name, profile.name)
     except RuntimeUnavailable as exc:
         raise _fail(str(exc)) from None
+    if runtime.name != "container":  # a container has its own software: it checks inside
+        _check_backend(profile)
     if runtime.name == "local":
         err.print("[yellow]runtime local: no isolation (development only)[/]")
     if tests_file is not None:

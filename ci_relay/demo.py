@@ -40,7 +40,7 @@ def pull_request_payload(
             "title": head.message,
             "head": {"sha": head.sha, "ref": f"pr-{number}", "repo": repo},
             "base": {"sha": base.sha, "ref": "main", "repo": repo},
-            "labels": [{"name": "ciflow/crcr/cpu"}],
+            "labels": [{"name": "ciflow/crcr/cpu"}, {"name": "ciflow/crcr/spyre"}],
         },
         "repository": repo,
         "sender": {"login": "sample-bot", "type": "Bot"},
@@ -74,6 +74,8 @@ class DemoRelay:
     port: int
     secret: str
     process: subprocess.Popen[bytes] | None = None
+    # the CPU reference and the emulated Spyre card (L3: the PR carries both labels)
+    backends: tuple[str, ...] = ("cpu", "spyre-emu")
 
     @property
     def url(self) -> str:
@@ -81,9 +83,11 @@ class DemoRelay:
 
     def env(self, sample: SampleUpstream) -> dict[str, str]:
         policy = self.workdir / "policy.yaml"
-        policy.write_text(
-            f"repositories:\n  {SAMPLE_REPOSITORY}:\n    backends:\n      cpu: {{level: L3}}\n"
-        )
+        lines = [f"repositories:\n  {SAMPLE_REPOSITORY}:\n    backends:\n"]
+        for backend in self.backends:
+            device = "spyre" if backend.startswith("spyre") else backend
+            lines.append(f"      {backend}: {{level: L3, device: {device}}}\n")
+        policy.write_text("".join(lines))
         env = {k: v for k, v in os.environ.items() if not k.startswith("CI_RELAY_")}
         env.update(
             CI_RELAY_DATA_DIR=str(self.workdir / "data"),

@@ -79,7 +79,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except (SpecErrors, UnknownBackend) as exc:
         raise pytest.UsageError(str(exc)) from None
     # PyTorch's device-generic framework reads these when test modules import it.
-    os.environ.update(backend.env)
+    backend.apply_env(os.environ)
     tags = {tag for f in spec.files for r in f.rules for tag in r.entry.tags}
     tags |= {
         tag

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 bash scripts/setup.sh
 bash scripts/services.sh
-echo "== runner image" && "$PY" -m ci_relay images build
+echo "== images" && "$PY" -m ci_relay images build --backend cpu --backend spyre-emu --relay
 echo "== ruff" && "$PY" -m ruff check . && "$PY" -m ruff format --check .
 echo "== mypy" && "$PY" -m mypy
 echo "== pytest" && exec "$PY" -m pytest "$@"

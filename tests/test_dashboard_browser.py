@@ -81,7 +81,7 @@ def served_run(
 ) -> Iterator[ServedRun]:
     """One real pipeline run (select, execute, collect) on a live relay, kept serving."""
     workdir = tmp_path_factory.mktemp("dashboard-relay")
-    relay = FailingSpecRelay(workdir, free_port(), "browser-test-secret")
+    relay = FailingSpecRelay(workdir, free_port(), "browser-test-secret", backends=("cpu",))
     relay.spec = workdir / "strict.yaml"
     relay.spec.write_text(FAILING_SPEC)
     log = workdir / "relay.log"

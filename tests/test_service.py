@@ -82,7 +82,8 @@ def test_embedded_demo_shows_a_change_flowing_to_results(
     result = cli("demo", "--workdir", tmp_path / "demo", "--exit-when-done", "--timeout", "300")
     assert result.code == 0, result.output + (tmp_path / "demo" / "relay.log").read_text()[-3000:]
     assert "-> HTTP 202" in result.stdout
-    assert "run 1 on cpu (L3): success" in result.stdout
+    assert "on cpu (L3): success" in result.stdout
+    assert "on spyre-emu (L3): success" in result.stdout  # the emulated card, same change
     assert "results: http://127.0.0.1:" in result.stdout
 
 

@@ -45,6 +45,7 @@ runner_wheels() {  # torch and the runner side of ci-relay (its own wheel withou
   local wheels="$work/runner/wheels"
   mkdir -p "$wheels"
   rm -f "$wheels"/ci_relay-*.whl
+  rm -rf "$root/build"  # setuptools never prunes build/lib: a deleted module would ship
   python3 -m pip wheel -q --no-deps -w "$wheels" "$root" >/dev/null
   python3 -m pip download -q -d "$wheels" torch==2.13.0 expecttest numpy \
     "pytest>=8,<10" "pydantic>=2.7,<3" "PyYAML>=6,<7" "typer>=0.12,<1" "rich>=13.7,<16"
@@ -55,6 +56,7 @@ relay_wheels() {  # the whole service with its selection agent; torch pinned to 
   local wheels="$work/relay/wheels"
   mkdir -p "$wheels"
   rm -f "$wheels"/ci_relay-*.whl
+  rm -rf "$root/build"
   # async-timeout: redis wants it below Python 3.11.3 (Debian's 3.11.2), not on the host's.
   python3 -m pip wheel -q -w "$wheels" "torch==2.13.0" "$root[agent]" "async-timeout>=4.0.3" \
     >/dev/null
@@ -77,6 +79,9 @@ build() {
   fi
   podman tag "$image:$digest" "$image:latest"
   built="$image:$digest"
+  # older builds of this image are superseded: free their space (in use ones stay)
+  podman images --format '{{.Repository}}:{{.Tag}}' "$image" \
+    | grep -v -e ":$digest\$" -e ':latest$' | xargs -r podman rmi >/dev/null 2>&1 || true
 }
 
 for target in "${targets[@]}"; do

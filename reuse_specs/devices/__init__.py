@@ -1,0 +1,1 @@
+"""``TORCH_TEST_DEVICES`` files for devices whose tests PyTorch does not instantiate itself."""

@@ -1,0 +1,25 @@
+"""``TORCH_TEST_DEVICES`` file for a real Spyre card (the ``spyre`` backend).
+
+torch-spyre registers PrivateUse1 as ``spyre`` when imported; the test class is the one the
+emulator uses (``spyre_emu.test_base``), so names match between ``spyre-emu`` and ``spyre``
+runs and one reuse spec serves both.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import torch_spyre  # noqa: F401  (registers the device)
+except ImportError as exc:
+    raise RuntimeError(
+        "the spyre backend needs torch-spyre installed (and a Spyre card); "
+        "without one use --backend spyre-emu"
+    ) from exc
+
+from spyre_emu.test_base import spyre_test_class
+
+if torch._C._get_privateuse1_backend_name() != "spyre":
+    raise RuntimeError("torch-spyre did not register the spyre device")
+
+TEST_CLASS = spyre_test_class()
