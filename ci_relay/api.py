@@ -75,6 +75,7 @@ def run_json(run: Run, with_results: bool = False) -> dict[str, Any]:
                         "mode": r.mode,
                         "duration": r.duration,
                         "message": r.message,
+                        "details": r.details,
                     }
                     for r in s.results
                 ],

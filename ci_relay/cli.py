@@ -19,7 +19,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from ci_relay import select_cli
+from ci_relay import report_cli, select_cli
 from ci_relay.outcomes import BAD_OUTCOMES, OUTCOMES
 from ci_relay.sample_upstream import SampleUpstreamError, build_sample_upstream
 from ci_relay.spec_run import (
@@ -47,6 +47,7 @@ app = typer.Typer(
 specs_app = typer.Typer(help="Validate and inspect reuse specs.", no_args_is_help=True)
 app.add_typer(specs_app, name="specs")
 select_cli.register(app)
+report_cli.register(app)
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -493,6 +494,15 @@ def _policy_backends() -> list[str]:
     return sorted({b for repo in policy.repositories.values() for b in repo.backends})
 
 
+def _say_demo_runtimes(backends: tuple[str, ...]) -> None:
+    """Where the demo's shards will run, and why not in a container when they cannot."""
+    from ci_relay.pipeline import shard_runtime
+
+    for backend in backends:  # the demo's relay runs with CI_RELAY_RUNTIME=auto
+        runtime = shard_runtime("auto", backend, say=lambda msg: err.print(f"[yellow]{msg}[/]"))
+        out.print(f"{backend} shards run in: {runtime.name}")
+
+
 @app.command("sample-upstream")
 def sample_upstream(
     dest: Annotated[Path, typer.Argument(help="Folder to create (absent or empty).")],
@@ -544,6 +554,7 @@ def demo(
     relay, sample = new_demo(workdir.resolve())
     log_file = relay.workdir / "relay.log"
     out.print(f"sample upstream: {sample.path} ({len(sample.commits)} commits)")
+    _say_demo_runtimes(relay.backends)
     relay.start(sample, log_file)
     try:
         with err.status(f"starting the relay on {relay.url} (log: {log_file})…"):

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from ci_relay.spec_run import TestOutcome
+
+# characters XML 1.0 cannot hold; a traceback may carry them (terminal escapes, binary reprs)
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _xml(text: str) -> str:
+    return _NOT_XML.sub("\ufffd", text)
 
 
 def write_junit(path: Path, cases: list[TestOutcome], suite: str = "ci-relay") -> None:
@@ -35,11 +43,12 @@ def write_junit(path: Path, cases: list[TestOutcome], suite: str = "ci-relay") -
         if case.mode:
             props = ET.SubElement(node, "properties")
             ET.SubElement(props, "property", name="reuse_spec.mode", value=case.mode)
-        message = case.message or ""
+        message = _xml(case.message or "")
+        details = _xml(case.details) if case.details else None
         if case.outcome in ("failed", "xpass_strict"):
-            ET.SubElement(node, "failure", message=message)
+            ET.SubElement(node, "failure", message=message).text = details
         elif case.outcome in ("error", "crashed"):
-            ET.SubElement(node, "error", message=message, type=case.outcome)
+            ET.SubElement(node, "error", message=message, type=case.outcome).text = details
         elif case.outcome == "xfailed":
             ET.SubElement(node, "skipped", type="pytest.xfail", message=message)
         elif case.outcome == "skipped":

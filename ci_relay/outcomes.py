@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from ci_relay.excerpt import head_and_tail
+
 OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "xpass_strict", "skipped", "error", "crashed")
 BAD_OUTCOMES = frozenset({"failed", "xpass_strict", "error", "crashed"})
+# a test's failure text as stored: enough for any real traceback, bounded for a runaway repr
+MAX_DETAILS_BYTES = 64 * 1024
 
 
 def is_final(report: pytest.TestReport) -> bool:
@@ -32,3 +36,11 @@ def short_message(report: pytest.TestReport) -> str:
     if isinstance(report.longrepr, tuple):  # skip: (path, line, reason)
         return str(report.longrepr[2])[:300]
     return report.longreprtext.strip().splitlines()[-1][:300] if report.longreprtext else ""
+
+
+def failure_details(report: pytest.TestReport) -> str:
+    """Everything pytest says about a test that broke (its longrepr), head and tail kept
+    within 64 KB; empty for the rest. NUL is spelled out: PostgreSQL text cannot hold it."""
+    if not report.failed:
+        return ""
+    return head_and_tail(report.longreprtext.replace("\x00", "\\x00"), MAX_DETAILS_BYTES)

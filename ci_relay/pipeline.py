@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -296,17 +297,17 @@ def select_tests(rt: Runtime, run_id: int, stale_after: timedelta) -> list[Next]
         return [Next("execute", shard.id, backend) for shard in shards] + reports
 
 
-def shard_runtime(name: str, backend: str) -> ExecRuntime:
+def shard_runtime(name: str, backend: str, say: Callable[[str], None] = log.warning) -> ExecRuntime:
     """The configured runtime; ``auto``: a container when an engine and the runner image are
-    there, else the bubblewrap sandbox, else local (each fallback logged)."""
+    there, else the bubblewrap sandbox, else local (each fallback told to ``say``)."""
     if name != "auto":
         return get_runtime(name, backend)
     for candidate in ("container", "sandbox"):
         try:
             return get_runtime(candidate, backend)
         except RuntimeUnavailable as exc:
-            log.warning("runtime %s unavailable: %s", candidate, exc)
-    log.warning("running shards without isolation (runtime local)")
+            say(f"runtime {candidate} unavailable: {exc}")
+    say("running shards without isolation (runtime local)")
     return get_runtime("local", backend)
 
 
@@ -393,6 +394,7 @@ def execute_shard(rt: Runtime, shard_id: int, stale_after: timedelta) -> list[Ne
                     mode=case.mode,
                     duration=case.duration,
                     message=case.message,
+                    details=case.details or None,
                 )
             )
         shard.exit_code = code

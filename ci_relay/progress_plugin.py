@@ -1,8 +1,9 @@
 """pytest plugin: a crash-proof progress log and a per-test timeout.
 
-Every test's start and result are appended (unbuffered, one JSON line each)
-as they happen, so when the process dies — segfault, OOM kill, timeout — the
-shard runner still knows every finished result and which test was running.
+Every test's start and result (with the failure's full text) are appended
+(unbuffered, one JSON line each) as they happen, so when the process dies —
+segfault, OOM kill, timeout — the shard runner still knows every finished
+result and which test was running.
 The timeout uses ``faulthandler``'s watchdog thread, which fires even when the
 test is stuck in C code holding the GIL, and ends the process.
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ci_relay.outcomes import classify, is_final, short_message
+from ci_relay.outcomes import classify, failure_details, is_final, short_message
 
 TIMEOUT_EXIT = "per-test timeout"
 
@@ -52,6 +53,7 @@ class ProgressLog:
                     "mode": props.get("reuse_spec.mode"),
                     "duration": report.duration,
                     "message": "" if report.passed else short_message(report),
+                    "details": failure_details(report),
                 }
             )
 

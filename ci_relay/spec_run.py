@@ -6,17 +6,18 @@ pytest command line, shows progress and turns reports into typed results.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from ci_relay.outcomes import BAD_OUTCOMES, classify, is_final, short_message
+from ci_relay.outcomes import BAD_OUTCOMES, classify, failure_details, is_final, short_message
 from reuse_specs.backends import Backend
 from reuse_specs.loader import LoadedSpec
 from reuse_specs.matching import Decision, TestVariant
@@ -31,7 +32,11 @@ EXIT_NOTHING_SELECTED = 4
 
 @dataclass
 class TestOutcome:
-    """One test variant's result, with the mode the spec gave it (and whether a rerun passed)."""
+    """One test variant's result, with the mode the spec gave it (and whether a rerun passed).
+
+    ``message`` is the one line a list shows; ``details`` the whole failure text (pytest's
+    longrepr, or a crash's reason and stack) that a developer reads to find out why.
+    """
 
     __test__ = False
 
@@ -41,6 +46,7 @@ class TestOutcome:
     duration: float
     message: str = ""
     flaky: bool = False
+    details: str = ""
 
 
 @dataclass
@@ -106,6 +112,7 @@ class _ResultCollector:
             mode=str(mode) if mode is not None else None,
             duration=report.duration,
             message="" if report.passed else short_message(report),
+            details=failure_details(report),
         )
         self.result.outcomes.append(outcome)
         self.on_outcome(outcome)
@@ -154,8 +161,11 @@ def pytest_args(
         args += ["--reuse-label", label]
     if tests_file is not None:
         args += ["--reuse-tests", str(tests_file)]
+    # pytest's terminal reporter stays (run_pytest sends it to /dev/null): without it, a
+    # failing rewritten ``assert a == b`` crashes inside pytest's diff and the failure text
+    # is pytest's own AssertionError instead of the test's (pytest-dev/pytest#14377)
     args += ["-c", str(ini), "--rootdir", str(upstream), "-p", "no:cacheprovider"]
-    args += ["-o", "junit_family=xunit2", "-p", "no:terminal"]
+    args += ["-o", "junit_family=xunit2"]
     if junit is not None:
         args += ["--junitxml", str(junit)]
     if collect_only:
@@ -169,13 +179,21 @@ def run_pytest(
     on_total: Callable[[int], None] = lambda _n: None,
     on_outcome: Callable[[TestOutcome], None] = lambda _o: None,
 ) -> tuple[RunResult, list[tuple[str, TestVariant, Decision]]]:
-    """Run pytest in this process without writing caches or bytecode into the upstream tree."""
+    """Run pytest in this process without writing caches or bytecode into the upstream tree.
+
+    pytest's own terminal output goes to /dev/null: results come through the collector,
+    and the caller's progress display owns the terminal.
+    """
     result = RunResult()
     collector = _ResultCollector(result, on_total, on_outcome)
     saved = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     try:
-        with _ini_for(upstream) as ini:
+        with (
+            _ini_for(upstream) as ini,
+            open(os.devnull, "w", encoding="utf-8") as quiet,
+            redirect_stdout(quiet),
+        ):
             result.pytest_exit = int(pytest.main(args_for(ini), plugins=[collector]))
     finally:
         sys.dont_write_bytecode = saved

@@ -368,6 +368,9 @@ class FakeGitHub(Fake):
             for key in ("path", "start_line", "end_line", "annotation_level", "message"):
                 if key not in note:
                     return f"annotation.{key} is missing"
+            for key in ("message", "raw_details"):
+                if len(str(note.get(key) or "").encode()) > 64 * 1024:
+                    return f"annotation.{key} is too long (maximum is 64 kilobytes)"
         return None
 
     def answer(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Answer:
@@ -499,6 +502,7 @@ def seed_run(
     message: str = "AssertionError: 1 != 2",
     state: str = "running",
     backend: str = "cpu",
+    details: str | None = None,
 ) -> int:
     """A delivery, change and run (one done shard with results), as the pipeline leaves them
     before ``collect``; returns the run id. Results go in with one multi-row insert."""
@@ -556,6 +560,7 @@ def seed_run(
                 "outcome": "failed",
                 "duration": 0.2,
                 "message": message,
+                "details": details,
             }
             for i in range(failures)
         ]

@@ -202,7 +202,10 @@ def test_unknown_backend_and_missing_upstream(
 ) -> None:
     spec = BUNDLED_SPECS / "spyre_view_ops.yaml"
     backend = cli("run", "--spec", spec, "--upstream", sample_upstream.path, "--backend", "tpu")
-    assert backend.code == 2 and "unknown backend 'tpu' (known: cpu, spyre, spyre-emu)" in backend.stderr
+    assert (
+        backend.code == 2
+        and "unknown backend 'tpu' (known: cpu, spyre, spyre-emu)" in backend.stderr
+    )
     missing = cli("run", "--spec", spec, "--upstream", tmp_path / "nowhere")
     assert missing.code == 2 and "is not a directory" in missing.stderr
     none = cli("run", "--spec", spec)

@@ -122,6 +122,10 @@ def test_local_runtime_also_survives_a_crash(tmp_path: Path) -> None:
     report = run_shard(LocalRuntime(), request)
     assert [r.outcome for r in report.results.values()] == ["passed", "crashed", "passed"]
     assert report.processes == 2
+    crashed = report.results["test/test_faults.py::TestFaults::test_b_segfault"]
+    assert crashed.details.startswith("the test process died of SIGSEGV\n\n")
+    assert "Fatal Python error: Segmentation fault" in crashed.details
+    assert "in test_b_segfault" in crashed.details  # faulthandler's stack of the dying test
 
 
 def test_missing_image_names_the_build_command() -> None:

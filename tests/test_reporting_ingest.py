@@ -309,7 +309,10 @@ def test_migrations_match_the_models_and_go_down_and_up(database_url: str, tmp_p
         mine = [
             d
             for d in diff
-            if any(t in repr(d) for t in ("'outbox'", "'crcr_results'", "ix_outbox", "ix_crcr"))
+            if any(
+                t in repr(d)
+                for t in ("'outbox'", "'crcr_results'", "'test_results'", "ix_outbox", "ix_crcr")
+            )
         ]
         assert mine == []
         config = alembic_config(rt.db.engine.url.render_as_string(hide_password=False))
@@ -318,7 +321,11 @@ def test_migrations_match_the_models_and_go_down_and_up(database_url: str, tmp_p
             command.downgrade(config, "0001")
         assert "crcr_results" not in inspect(rt.db.engine).get_table_names()
         assert "key" not in {c["name"] for c in inspect(rt.db.engine).get_columns("outbox")}
+        assert "details" not in {
+            c["name"] for c in inspect(rt.db.engine).get_columns("test_results")
+        }
         rt.db.upgrade()
+        assert "details" in {c["name"] for c in inspect(rt.db.engine).get_columns("test_results")}
         assert "crcr_results" in inspect(rt.db.engine).get_table_names()
         with rt.db.session() as s:
             assert s.scalar(select(func.count()).select_from(CrcrResult)) == 0

@@ -435,16 +435,21 @@ def test_ten_thousand_failures_are_capped_in_reports_and_all_kept(make_rt: Any) 
     assert stored == 10_000
 
 
-def test_stacktraces_are_cut_to_4_kb_when_the_body_fits(make_rt: Any) -> None:
+def test_stacktraces_are_cut_to_4_kb_keeping_head_and_tail(make_rt: Any) -> None:
     callback = CallbackReceiver(CALLBACK_TOKEN)
-    text = "RuntimeError: boom\n" + "x" * 10_000
+    text = "RuntimeError: boom\n" + "x" * 10_000 + "\nthe_last_frame.py:12: RuntimeError"
     with callback.running() as url:
         rt = make_rt(**report_settings(url))
         (report,) = collect_reports(rt, seed_run(rt, failures=5, message=text))
         assert sender.deliver(rt, report).state == "sent"
     listed = callback.accepted[0]["workflow"]["failed_tests"]
     assert [t["message"] for t in listed] == ["RuntimeError: boom"] * 5
-    assert all(len(t["stacktrace"].encode()) == 4096 for t in listed)
+    for entry in listed:
+        stack = entry["stacktrace"]
+        assert 3500 < len(stack.encode()) <= 4096
+        assert stack.startswith("RuntimeError: boom\n")  # the test's end of the traceback
+        assert stack.endswith("\nthe_last_frame.py:12: RuntimeError")  # and the error's
+        assert "bytes cut]" in stack
 
 
 def test_the_reconciler_finds_overdue_reports(make_rt: Any) -> None:
@@ -497,3 +502,18 @@ def test_the_celery_task_sends_and_queues_its_own_retry(make_rt: Any) -> None:
         finally:
             worker_rt.db.dispose()
     assert message(rt, report).state == "sent" and len(callback.accepted) == 1
+
+
+def test_each_thread_keeps_one_http_client(tmp_path: Path) -> None:
+    """Making a client costs more than sending a report: a sender thread keeps its own."""
+    settings = make_settings(f"sqlite:///{tmp_path / 'r.db'}", tmp_path)
+    mine = sender.thread_client(settings)
+    assert sender.thread_client(settings) is mine
+    other: list[Any] = []
+    worker = threading.Thread(target=lambda: other.append(sender.thread_client(settings)))
+    worker.start()
+    worker.join()
+    assert other[0] is not mine  # never shared between threads
+    slower = make_settings(f"sqlite:///{tmp_path / 'r.db'}", tmp_path, report_timeout_seconds=99)
+    replaced = sender.thread_client(slower)
+    assert replaced is not mine and mine.is_closed and replaced.timeout.read == 99

@@ -14,9 +14,22 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, desc, func, select, tuple_
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    Subquery,
+    case,
+    cast,
+    desc,
+    func,
+    null,
+    select,
+    tuple_,
+    union_all,
+)
 from sqlalchemy.orm import Session
 
+from ci_relay.dashboard import downstream
 from ci_relay.dashboard.selection import explain
 from ci_relay.dashboard.status import SHOWN_OUTCOMES, ordered_counts, pass_rate, run_status
 from ci_relay.dashboard.views import (
@@ -30,6 +43,7 @@ from ci_relay.dashboard.views import (
     HistoryEntry,
     Pager,
     PullRequestPage,
+    ReportInfo,
     RunInfo,
     RunPage,
     ShardInfo,
@@ -40,8 +54,10 @@ from ci_relay.dashboard.views import (
 from ci_relay.outcomes import BAD_OUTCOMES
 from ci_relay.store.models import (
     Change,
+    CrcrResult,
     Delivery,
     OutboxMessage,
+    OutboxState,
     Run,
     RunState,
     Selection,
@@ -52,6 +68,9 @@ from ci_relay.store.models import (
 FAILURES_PER_RUN = 200  # a run with more shows the first ones and the total
 TITLE_BODY_LIMIT = 2 * 1024 * 1024  # larger bodies are not parsed just for a title
 LOG_EXCERPT_LINES = 20
+# characters of a failure's text a page shows (head and tail halves); the rest is a link away
+DETAILS_SHOWN = 16 * 1024
+_OPEN_REPORTS = (OutboxState.PENDING, OutboxState.SENDING)  # a next attempt is coming
 _HEX = re.compile(r"^[0-9a-fA-F]{7,64}$")
 # where a triage verdict sits in the payloads the relay sends (plain, CRCR callback, HUD body)
 _TRIAGE_PATHS: tuple[tuple[str, ...], ...] = (
@@ -69,26 +88,49 @@ def _clamp(page: int, per_page: int, total: int) -> Pager:
 # --- grid -----------------------------------------------------------------------------
 
 
+def _seen_heads() -> Subquery:
+    """Every commit the grid can show: our changes, and other relays' results (by upstream
+    repository and head sha), each with when it was seen."""
+    ours = select(
+        Change.repository.label("repository"),
+        Change.head_sha.label("head_sha"),
+        Change.created_at.label("seen"),
+        Change.number.label("number"),
+        Change.id.label("change_id"),
+    )
+    theirs = select(
+        CrcrResult.upstream_repo,
+        CrcrResult.head_sha,
+        CrcrResult.updated_at,
+        cast(null(), Integer),
+        cast(null(), Integer),
+    ).where(CrcrResult.upstream_repo.is_not(None), CrcrResult.head_sha.is_not(None))
+    return union_all(ours, theirs).subquery()
+
+
 def grid(session: Session, page: int = 1, per_page: int = 50) -> Grid:
-    """Recent commits (newest first) × backends; each cell the latest run there."""
-    distinct_heads = select(Change.repository, Change.head_sha).distinct().subquery()
+    """Recent commits (last seen first) × columns: each of our backends' latest run there,
+    then each other relay's job's latest posted result."""
+    heads = _seen_heads()
+    distinct_heads = select(heads.c.repository, heads.c.head_sha).distinct().subquery()
     total = session.scalar(select(func.count()).select_from(distinct_heads)) or 0
     pager = _clamp(page, per_page, total)
-    last_id = func.max(Change.id).label("last_id")
-    heads = session.execute(
+    last_seen = func.max(heads.c.seen).label("last_seen")
+    found = session.execute(
         select(
-            Change.repository,
-            Change.head_sha,
-            last_id,
-            func.max(Change.created_at).label("last_seen"),
-            func.max(Change.number).label("number"),
+            heads.c.repository,
+            heads.c.head_sha,
+            last_seen,
+            func.max(heads.c.number).label("number"),
         )
-        .group_by(Change.repository, Change.head_sha)
-        .order_by(desc(last_id))
+        .group_by(heads.c.repository, heads.c.head_sha)
+        .order_by(desc(last_seen), desc(func.coalesce(func.max(heads.c.change_id), 0)))
         .limit(pager.per_page)
         .offset(pager.offset)
     ).all()
-    cells = _latest_cells(session, [(h.repository, h.head_sha) for h in heads])
+    keys = [(h.repository, h.head_sha) for h in found]
+    cells = _latest_cells(session, keys)
+    theirs = downstream.grid_cells(session, keys)
     rows = [
         GridRow(
             repository=h.repository,
@@ -96,11 +138,13 @@ def grid(session: Session, page: int = 1, per_page: int = 50) -> Grid:
             number=h.number,
             last_seen=h.last_seen,
             cells=cells.get((h.repository, h.head_sha), {}),
+            downstream=theirs.get((h.repository, h.head_sha), {}),
         )
-        for h in heads
+        for h in found
     ]
     backends = sorted({b for row in rows for b in row.cells})
-    return Grid(backends=backends, rows=rows, pager=pager)
+    columns = sorted({c for row in rows for c in row.downstream})
+    return Grid(backends=backends, rows=rows, pager=pager, downstream=columns)
 
 
 def _latest_cells(
@@ -320,6 +364,16 @@ def _excerpt(log_tail: str | None, nodeid: str) -> list[str]:
     return [line for line in log_tail.splitlines() if nodeid in line][:LOG_EXCERPT_LINES]
 
 
+def _details(head: str | None, tail: str | None, length: int | None) -> str | None:
+    """A failure's text as a page shows it: whole, or its two ends around the cut."""
+    if not head:
+        return None
+    if tail is None:
+        return head
+    cut = int(length or 0) - len(head) - len(tail)
+    return f"{head}\n…[{cut} characters cut: the whole text is behind the link]…\n{tail}"
+
+
 def _failures(
     session: Session, run_ids: list[int], logs: dict[tuple[int, int], str | None]
 ) -> tuple[dict[int, list[Failure]], dict[int, int]]:
@@ -327,6 +381,9 @@ def _failures(
         return {}, {}
     shown = TestResult.outcome.in_(SHOWN_OUTCOMES)
     flaky_last = case((TestResult.outcome == "flaky", 1), else_=0)
+    length = func.coalesce(func.length(TestResult.details), 0)
+    half = DETAILS_SHOWN // 2
+    short = length <= DETAILS_SHOWN
     ranked = (
         select(
             TestResult.id,
@@ -337,6 +394,13 @@ def _failures(
             TestResult.mode,
             TestResult.duration,
             TestResult.message,
+            length.label("details_length"),
+            case((short, TestResult.details), else_=func.substr(TestResult.details, 1, half)).label(
+                "details_head"
+            ),
+            case((short, null()), else_=func.substr(TestResult.details, length - half + 1)).label(
+                "details_tail"
+            ),
             func.row_number()
             .over(partition_by=Shard.run_id, order_by=(flaky_last, TestResult.id))
             .label("rank"),
@@ -359,6 +423,9 @@ def _failures(
                 mode=r.mode,
                 duration=r.duration,
                 message=r.message,
+                details=_details(r.details_head, r.details_tail, r.details_length),
+                details_length=int(r.details_length or 0),
+                details_cut=r.details_tail is not None,
                 log_excerpt=_excerpt(logs.get((r.run_id, r.shard_index)), r.nodeid),
             )
         )
@@ -422,9 +489,13 @@ def _detail(session: Session, *where: ColumnElement[bool]) -> list[HeadDetail]:
 def commit_page(session: Session, sha: str) -> CommitPage | None:
     """Every change, run, shard and failure of one upstream commit (full sha or a prefix)."""
     heads = _detail(session, Change.head_sha == sha)
-    if not heads and _HEX.match(sha):  # hex only: no LIKE wildcards can get in
+    theirs = downstream.commit_cells(session, CrcrResult.head_sha == sha)
+    if not heads and not theirs and _HEX.match(sha):  # hex only: no LIKE wildcards get in
         heads = _detail(session, Change.head_sha.like(f"{sha.lower()}%"))
-    return CommitPage(sha=sha, heads=heads) if heads else None
+        theirs = downstream.commit_cells(session, CrcrResult.head_sha.like(f"{sha.lower()}%"))
+    if not heads and not theirs:
+        return None
+    return CommitPage(sha=sha, heads=heads, downstream=theirs)
 
 
 def pull_request_page(
@@ -469,7 +540,45 @@ def run_page(
         plan = stored.plan if isinstance(stored.plan, dict) else {}
         selection = explain(stored.strategy, plan, outcomes, selected_page, excluded_page, per_page)
     changes = _changes(session, Change.id == run.change_id)
-    return RunPage(run=run, changes=changes, selection=selection)
+    return RunPage(run=run, changes=changes, selection=selection, reports=_reports(session, run_id))
+
+
+def _reports(session: Session, run_id: int) -> list[ReportInfo]:
+    """The run's outbox rows, oldest first: a report stuck retrying shows why and when next."""
+    rows = session.execute(
+        select(
+            OutboxMessage.id,
+            OutboxMessage.target,
+            OutboxMessage.payload["event"].as_string().label("event"),
+            OutboxMessage.state,
+            OutboxMessage.attempts,
+            OutboxMessage.next_attempt_at,
+            OutboxMessage.last_error,
+            OutboxMessage.created_at,
+            OutboxMessage.sent_at,
+        )
+        .where(OutboxMessage.run_id == run_id)
+        .order_by(OutboxMessage.id)
+    ).all()
+    return [
+        ReportInfo(
+            id=r.id,
+            target=r.target,
+            event=r.event,
+            state=r.state,
+            attempts=r.attempts,
+            next_attempt_at=r.next_attempt_at if r.state in _OPEN_REPORTS else None,
+            last_error=r.last_error,
+            created_at=r.created_at,
+            sent_at=r.sent_at,
+        )
+        for r in rows
+    ]
+
+
+def result_details(session: Session, result_id: int) -> str | None:
+    """One result's whole failure text (the page shows long ones cut)."""
+    return session.scalar(select(TestResult.details).where(TestResult.id == result_id))
 
 
 # --- one test across commits -------------------------------------------------------------

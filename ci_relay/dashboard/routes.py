@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.orm import Session
 
-from ci_relay.dashboard import queries
+from ci_relay.dashboard import downstream, queries
 from ci_relay.dashboard.figures import duration_chart, trend_charts
 from ci_relay.dashboard.templating import make_environment
 from ci_relay.dashboard.views import to_json
@@ -128,6 +128,29 @@ def make_router(rt: Runtime) -> APIRouter:
             lambda s: queries.run_page(s, run_id, selected_page, excluded_page, PLAN_PER_PAGE)
         )
         return found(view, f"no run {run_id}")
+
+    # the whole text of one failure (pages show long ones cut); plain text, never sniffed
+    # as HTML: it comes from upstream code
+    @router.get("/api/results/{result_id}/details", response_class=PlainTextResponse)
+    def result_details(result_id: int) -> PlainTextResponse:
+        text = read(lambda s: queries.result_details(s, result_id))
+        if text is None:
+            raise HTTPException(404, f"no failure text stored for result {result_id}")
+        return PlainTextResponse(text, headers={"x-content-type-options": "nosniff"})
+
+    # another relay's posted result -------------------------------------------------------------
+
+    @router.get("/downstream/{result_id}", response_class=HTMLResponse)
+    def downstream_html(result_id: int) -> HTMLResponse:
+        view = read(lambda s: downstream.record(s, result_id))
+        if view is None:
+            return missing(f"No result {result_id} has been posted by another relay.")
+        return page("downstream.html", f"{view.cell.column}", view=view)
+
+    @router.get("/api/downstream/{result_id}")
+    def downstream_api(result_id: int) -> JSONResponse:
+        view = read(lambda s: downstream.record(s, result_id))
+        return found(view, f"no result {result_id} has been posted by another relay")
 
     # test -------------------------------------------------------------------------------------
 

@@ -40,6 +40,28 @@ def run_status(state: str, conclusion: str | None) -> str:
     return "pending"
 
 
+# GitHub Actions conclusions (what other relays post) as the grid colours them
+WORKFLOW_CONCLUSIONS = {
+    "success": "success",
+    "failure": "failure",
+    "neutral": "neutral",
+    "skipped": "neutral",
+    "stale": "neutral",
+    "cancelled": "error",
+    "timed_out": "error",
+    "action_required": "error",
+    "startup_failure": "error",
+    "error": "error",
+}
+
+
+def workflow_status(status: str, conclusion: str | None) -> str:
+    """The cell colour of another relay's job: by conclusion once completed, else running."""
+    if status == "completed":
+        return WORKFLOW_CONCLUSIONS.get(conclusion or "", "neutral")
+    return "running"
+
+
 def ordered_counts(counts: Mapping[str, int]) -> dict[str, int]:
     """Counts in a stable reading order (known outcomes first), zeros dropped."""
     known = [(k, int(counts[k])) for k in COUNT_ORDER if counts.get(k)]

@@ -40,6 +40,15 @@ def when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M UTC")
 
 
+def when_s(value: datetime | None) -> str:
+    """A timestamp to the second (a retry's next attempt is often seconds away)."""
+    if value is None:
+        return "—"
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def seconds(value: float | None) -> str:
     if value is None:
         return "—"
@@ -75,6 +84,6 @@ def make_environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(short=short_sha, when=when, seconds=seconds, percent=percent)
+    env.filters.update(short=short_sha, when=when, when_s=when_s, seconds=seconds, percent=percent)
     env.globals.update(with_params=with_params, page_link=page_link, COUNT_LABELS=COUNT_LABELS)
     return env

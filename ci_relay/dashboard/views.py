@@ -53,19 +53,38 @@ class Cell:
 
 
 @dataclass(frozen=True)
+class DownstreamCell:
+    """Another relay's latest result for one of its jobs on a commit (a HUD body it posted)."""
+
+    result_id: int
+    column: str  # ``verified_repo: workflow / job``
+    verified_repo: str
+    workflow_name: str
+    job_name: str
+    status: str  # the dashboard's status word, from the workflow's status and conclusion
+    workflow_status: str  # in_progress | completed, as posted
+    conclusion: str | None
+    counts: dict[str, int]  # passed / failed / skipped as posted, in reading order
+    total: int | None
+    records: int  # records of this job on this commit (reruns are new check runs)
+
+
+@dataclass(frozen=True)
 class GridRow:
     repository: str
     head_sha: str
     number: int | None  # a pull request number, when the commit came from one
-    last_seen: datetime
+    last_seen: datetime  # the latest change we received or result another relay posted
     cells: dict[str, Cell]
+    downstream: dict[str, DownstreamCell] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Grid:
-    backends: list[str]
+    backends: list[str]  # our own backends' columns
     rows: list[GridRow]
     pager: Pager
+    downstream: list[str] = field(default_factory=list)  # other relays' columns, after ours
 
 
 @dataclass(frozen=True)
@@ -111,11 +130,29 @@ class Failure:
     mode: str | None
     duration: float
     message: str | None
+    details: str | None  # the full failure text; when long, its head and tail around a mark
+    details_length: int  # characters stored (0: none)
+    details_cut: bool  # the page shows an excerpt; the whole text is one link away
     log_excerpt: list[str]  # the shard log lines naming this test
 
     @property
     def flaky(self) -> bool:
         return self.outcome == "flaky"
+
+
+@dataclass(frozen=True)
+class ReportInfo:
+    """One outgoing report of a run (an outbox row): where it goes and how sending went."""
+
+    id: int
+    target: str
+    event: str | None
+    state: str
+    attempts: int
+    next_attempt_at: datetime | None  # pending: the next try; sending: the sender's lease end
+    last_error: str | None
+    created_at: datetime
+    sent_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -155,6 +192,42 @@ class HeadDetail:
 class CommitPage:
     sha: str
     heads: list[HeadDetail]
+    downstream: list[DownstreamCell] = field(default_factory=list)  # other relays' results
+
+
+@dataclass(frozen=True)
+class DownstreamFailure:
+    name: str
+    file: str | None
+    outcome: str | None
+    message: str | None
+    stacktrace: str | None
+
+
+@dataclass(frozen=True)
+class DownstreamRecord:
+    """One result another relay posted (``POST /api/crcr/results``), as stored and shown."""
+
+    cell: DownstreamCell
+    key: str  # HUD's: verified_repo/delivery_id/workflow.name/job_name/check_run_id
+    level: str | None
+    event_type: str
+    delivery_id: str
+    check_run_id: str
+    upstream_repo: str | None
+    head_sha: str | None
+    run_attempt: int | None
+    url: str | None  # only http(s) links from the body are kept: it is untrusted
+    artifact_url: str | None
+    started_at: str | None
+    completed_at: str | None
+    queue_time: float | None
+    execution_time: float | None
+    received_at: datetime
+    updated_at: datetime
+    failed_tests: list[DownstreamFailure]
+    failed_tests_omitted: int
+    triage: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -226,6 +299,7 @@ class RunPage:
     run: RunInfo
     changes: list[ChangeInfo]
     selection: SelectionView | None
+    reports: list[ReportInfo] = field(default_factory=list)  # oldest first
 
 
 @dataclass(frozen=True)

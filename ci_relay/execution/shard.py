@@ -3,9 +3,10 @@
 The shard's tests run in a child ``ci-relay run`` inside a runtime, logging each
 start and result as it happens. When the child dies (segfault, memory limit,
 per-test timeout, shard timeout), the test that was running is recorded as
-crashed and the child is started again for the tests not yet run, as PyTorch's
-``run_test`` does. Failures of must-pass tests are rerun once: a pass then marks
-the test flaky rather than broken.
+crashed, with the reason and the stack ``faulthandler`` printed as it died, and
+the child is started again for the tests not yet run, as PyTorch's ``run_test``
+does. Failures of must-pass tests are rerun once: a pass then marks the test
+flaky rather than broken.
 """
 
 from __future__ import annotations
@@ -16,8 +17,13 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ci_relay.excerpt import head_and_tail
 from ci_relay.execution.runtimes import Completed, Invocation, Limits, Runtime
+from ci_relay.outcomes import MAX_DETAILS_BYTES
 from ci_relay.spec_run import TestOutcome
+
+FATAL = "Fatal Python error"  # how faulthandler starts the stack it prints on a fatal signal
+OUTPUT_TAIL_BYTES = 4000  # of a dead process's output, when it printed no stack
 
 
 @dataclass
@@ -58,6 +64,27 @@ def _why(done: Completed, timeout: float, progress_text: str) -> str:
         except ValueError:
             pass
     return f"the test process exited with status {code} mid-test"
+
+
+def _dying_words(progress_text: str, output: str) -> str:
+    """Where the process was when it died: the stack faulthandler's watchdog wrote into the
+    progress log at a timeout, else the one it printed on a fatal signal, else its last output."""
+    last_start = progress_text.rfind('"event": "start"')
+    after = progress_text[last_start:].split("\n", 1)[1] if last_start >= 0 else ""
+    stack = "\n".join(line for line in after.splitlines() if not line.startswith("{"))
+    if stack.strip():
+        return stack.strip()
+    fatal = output.rfind(FATAL)
+    if fatal >= 0:
+        return output[fatal:].strip()
+    tail = output.encode()[-OUTPUT_TAIL_BYTES:].decode("utf-8", "ignore").strip()
+    return f"last output of the test process:\n{tail}" if tail else ""
+
+
+def crash_details(reason: str, progress_text: str, output: str) -> str:
+    """A crashed test's failure text: why it was recorded as crashed, then its stack."""
+    stack = _dying_words(progress_text, output).replace("\x00", "\\x00")
+    return head_and_tail(f"{reason}\n\n{stack}" if stack else reason, MAX_DETAILS_BYTES)
 
 
 def _read_events(text: str) -> list[dict[str, object]]:
@@ -135,6 +162,7 @@ def run_shard(runtime: Runtime, request: ShardRequest, max_processes: int = 50) 
                     event.get("mode") if isinstance(event.get("mode"), str) else None,  # type: ignore[arg-type]
                     float(event.get("duration") or 0.0),  # type: ignore[arg-type]
                     str(event.get("message") or ""),
+                    details=str(event.get("details") or ""),
                 )
                 skip.add(nodeid)
             elif event["event"] == "end":
@@ -143,8 +171,14 @@ def run_shard(runtime: Runtime, request: ShardRequest, max_processes: int = 50) 
             if done.returncode not in (0, 1, 4) and not events:
                 report.error = f"the shard could not start tests (exit {done.returncode})"
             break  # the child finished on its own
+        reason = _why(done, request.per_test_timeout, text)
         report.results[running] = TestOutcome(
-            running, "crashed", None, 0.0, _why(done, request.per_test_timeout, text)
+            running,
+            "crashed",
+            None,
+            0.0,
+            reason,
+            details=crash_details(reason, text, done.output),
         )
         skip.add(running)
     if request.rerun_failures:

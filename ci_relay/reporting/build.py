@@ -45,9 +45,12 @@ def aware(value: datetime | None) -> datetime | None:
 
 @dataclass(frozen=True)
 class Failure:
+    """A test that broke the run: its one-line message and its full failure text."""
+
     nodeid: str
     outcome: str
     text: str | None
+    details: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,13 +88,13 @@ def load_facts(session: Session, run_id: int, with_failures: bool) -> RunFacts:
     failures: list[Failure] = []
     if with_failures:
         rows = session.execute(
-            select(TestResult.nodeid, TestResult.outcome, TestResult.message)
+            select(TestResult.nodeid, TestResult.outcome, TestResult.message, TestResult.details)
             .join(Shard, Shard.id == TestResult.shard_id)
             .where(Shard.run_id == run_id, TestResult.outcome.in_(sorted(BAD_OUTCOMES)))
             .order_by(Shard.index, TestResult.id)
             .limit(MAX_FAILED_TESTS)
         )
-        failures = [Failure(nodeid, outcome, message) for nodeid, outcome, message in rows]
+        failures = [Failure(*row) for row in rows]
     created = aware(run.created_at)
     assert created is not None
     return RunFacts(
@@ -160,7 +163,9 @@ def workflow(
         else None,
         test_results=counts_of(facts) if completed else None,
         artifact_url=artifact_url(settings, facts.run_id),
-        failed_tests=[failed_test(f.nodeid, f.outcome, f.text, budget) for f in failures],
+        failed_tests=[
+            failed_test(f.nodeid, f.outcome, f.text, budget, f.details) for f in failures
+        ],
         failed_tests_omitted=max(0, facts.failed_total - len(failures)) if completed else 0,
         triage_verdict=verdict,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from ci_relay.excerpt import head_and_tail
 from ci_relay.reporting.wire import (
     MAX_EVIDENCE,
     MAX_EVIDENCE_BYTES,
@@ -85,17 +86,23 @@ def fit(render: Callable[[Budget], bytes], limit: int) -> tuple[bytes, Budget]:
     raise ReportTooLarge(f"report is {smallest} bytes even without details (limit {limit})")
 
 
-def failed_test(nodeid: str, outcome: str, text: str | None, budget: Budget) -> FailedTest:
-    """A failing test as reported: first line as the message, the whole text as stacktrace."""
+def failed_test(
+    nodeid: str, outcome: str, text: str | None, budget: Budget, details: str | None = None
+) -> FailedTest:
+    """A failing test as reported: the message's first line, and the failure's full text
+    (else a multi-line message) as stacktrace, its head and tail kept: a traceback's end
+    is the error itself, its start the test's own frame."""
     text = (text or "").strip()
+    stack = (details or "").strip() or (text if "\n" in text else "")
     first = text.splitlines()[0] if text else ""
-    stack = text if "\n" in text else ""
     return FailedTest(
         name=nodeid,
         file=nodeid.split("::", 1)[0] or None,
         outcome=outcome,
         message=clip(first, budget.message_bytes) if first else None,
-        stacktrace=clip(stack, budget.stack_bytes) if stack and budget.stack_bytes else None,
+        stacktrace=head_and_tail(stack, budget.stack_bytes)
+        if stack and budget.stack_bytes
+        else None,
     )
 
 

@@ -11,6 +11,8 @@ reschedules the message instead of failing it.
 
 from __future__ import annotations
 
+import html
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ import jwt
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from ci_relay.excerpt import head_and_tail
 from ci_relay.reporting import levels
 from ci_relay.reporting.build import RunFacts, artifact_url, counts_of, load_facts, run_url
 from ci_relay.reporting.caps import clip, clip_chars
@@ -48,6 +51,9 @@ MAX_ANNOTATIONS_PER_REQUEST = 50
 MAX_ANNOTATIONS = MAX_FAILED_TESTS
 MAX_STATUSES = 1000
 MAX_STATUS_DESCRIPTION = 140
+# GitHub allows 64 KB of raw_details per annotation; 50 of those would make one request 3 MB
+MAX_RAW_DETAILS = 8 * 1024
+TRACEBACK_BYTES = 4 * 1024  # per failure in the check run's text
 JWT_BACKDATE = 60
 JWT_LIFETIME = 9 * 60
 TOKEN_MARGIN = 60  # refresh an installation token this long before it expires
@@ -235,8 +241,42 @@ def output(facts: RunFacts, settings: Settings, event: str) -> dict[str, str]:
         lines += ["", f"All results: {everything}"]
     result = {"title": _counts_line(facts), "summary": clip_chars(summary, MAX_OUTPUT_CHARS)}
     if facts.failures:
-        result["text"] = clip_chars("\n".join(lines), MAX_OUTPUT_CHARS)
+        listing = "\n".join(lines)
+        room = MAX_OUTPUT_CHARS - len(listing) - 200  # for the line saying what did not fit
+        result["text"] = clip_chars(listing + _tracebacks(facts, room, url), MAX_OUTPUT_CHARS)
     return result
+
+
+def _fenced(text: str) -> str:
+    """``text`` as a Markdown code block whose fence no backtick run in it can close."""
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{text}\n{fence}"
+
+
+def _tracebacks(facts: RunFacts, room: int, url: str | None) -> str:
+    """Each failure's full text as a collapsed block, in list order, while they fit in
+    ``room`` characters (the list of failures above them is never cut for them)."""
+    with_details = [f for f in facts.failures if f.details]
+    if not with_details:
+        return ""
+    blocks: list[str] = []
+    used = 0
+    for failure in with_details:
+        block = (
+            f"<details><summary><code>{html.escape(failure.nodeid)}</code></summary>\n\n"
+            f"{_fenced(head_and_tail(failure.details or '', TRACEBACK_BYTES))}\n\n</details>"
+        )
+        if used + len(block) + 2 > room:
+            break
+        blocks.append(block)
+        used += len(block) + 2
+    out = "\n\n### Tracebacks\n\n" + "\n\n".join(blocks)
+    left = len(with_details) - len(blocks)
+    if left:
+        where = f": {url}" if url else " in the relay's results"
+        out += f"\n\n{left} more traceback(s){where}"
+    return out
 
 
 def annotations_for(facts: RunFacts) -> list[dict[str, Any]]:
@@ -244,16 +284,17 @@ def annotations_for(facts: RunFacts) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for failure in facts.failures[:MAX_ANNOTATIONS]:
         text = (failure.text or failure.outcome).strip() or failure.outcome
-        out.append(
-            {
-                "path": failure.nodeid.split("::", 1)[0] or ".",
-                "start_line": 1,
-                "end_line": 1,
-                "annotation_level": level,
-                "title": clip_chars(failure.nodeid, 255),
-                "message": clip(text, 4096),
-            }
-        )
+        note: dict[str, Any] = {
+            "path": failure.nodeid.split("::", 1)[0] or ".",
+            "start_line": 1,
+            "end_line": 1,
+            "annotation_level": level,
+            "title": clip_chars(failure.nodeid, 255),
+            "message": clip(text, 4096),
+        }
+        if failure.details:  # GitHub shows it folded under the message
+            note["raw_details"] = head_and_tail(failure.details, MAX_RAW_DETAILS)
+        out.append(note)
     return out
 
 

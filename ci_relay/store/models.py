@@ -206,7 +206,9 @@ class TestResult(Base):
     outcome: Mapped[str] = mapped_column(String(16))
     mode: Mapped[str | None] = mapped_column(String(32))
     duration: Mapped[float] = mapped_column(Float, default=0.0)
-    message: Mapped[str | None] = mapped_column(Text)
+    message: Mapped[str | None] = mapped_column(Text)  # one line, for lists
+    # the whole failure text (pytest's longrepr, or a crash's reason and stack), <= 64 KB
+    details: Mapped[str | None] = mapped_column(Text)
 
     shard: Mapped[Shard] = relationship(back_populates="results")
 
@@ -259,6 +261,7 @@ class CrcrResult(Base):
             name="uq_crcr_result_key",
         ),
         Index("ix_crcr_results_repo", "verified_repo", "updated_at"),
+        Index("ix_crcr_results_head", "upstream_repo", "head_sha"),  # the dashboard's grid
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
