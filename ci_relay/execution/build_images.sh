@@ -46,7 +46,7 @@ runner_wheels() {  # torch and the runner side of ci-relay (its own wheel withou
   mkdir -p "$wheels"
   rm -f "$wheels"/ci_relay-*.whl
   rm -rf "$root/build"  # setuptools never prunes build/lib: a deleted module would ship
-  python3 -m pip wheel -q --no-deps -w "$wheels" "$root" >/dev/null
+  SOURCE_DATE_EPOCH=315532800 python3 -m pip wheel -q --no-deps -w "$wheels" "$root" >/dev/null
   python3 -m pip download -q -d "$wheels" torch==2.13.0 expecttest numpy \
     "pytest>=8,<10" "pydantic>=2.7,<3" "PyYAML>=6,<7" "typer>=0.12,<1" "rich>=13.7,<16"
   echo "$work/runner"
@@ -58,7 +58,8 @@ relay_wheels() {  # the whole service with its selection agent; torch pinned to 
   rm -f "$wheels"/ci_relay-*.whl
   rm -rf "$root/build"
   # async-timeout: redis wants it below Python 3.11.3 (Debian's 3.11.2), not on the host's.
-  python3 -m pip wheel -q -w "$wheels" "torch==2.13.0" "$root[agent]" "async-timeout>=4.0.3" \
+  SOURCE_DATE_EPOCH=315532800 python3 -m pip wheel -q -w "$wheels" \
+    "torch==2.13.0" "$root[agent]" "async-timeout>=4.0.3" \
     >/dev/null
   echo "$work/relay"
 }
@@ -67,8 +68,11 @@ relay_wheels() {  # the whole service with its selection agent; torch pinned to 
 build() {
   local name=$1 file=$2 context=$3; shift 3
   local digest image=localhost/ci-relay-$name
+  # names and sizes of the wheels, plus ci_relay's own (built reproducibly, so unchanged
+  # sources give the same bytes): the same inputs reuse the image
   digest=$( (sha256sum "$file"; podman image inspect --format '{{.Id}}' "$base"; echo "$*"
-             ls -l "$context/wheels"; sha256sum "$context"/wheels/ci_relay-*.whl) \
+             find "$context/wheels" -type f -printf '%f %s\n' | sort
+             sha256sum "$context"/wheels/ci_relay-*.whl | cut -d' ' -f1) \
             | sha256sum | cut -c1-16)
   if podman image exists "$image:$digest"; then
     say "$image:$digest is up to date"
