@@ -25,7 +25,7 @@ from ci_relay.intake.signature import sign
 from ci_relay.runtime import Runtime
 from ci_relay.sample_upstream import SampleUpstream
 from ci_relay.settings import Settings
-from ci_relay.store.models import Delivery, Run, Selection, Shard, TestResult
+from ci_relay.store.models import Delivery, OutboxMessage, Run, Selection, Shard, TestResult
 from tests.relay_fixtures import SECRET, fresh_postgres_database
 
 pytestmark = pytest.mark.slow
@@ -317,3 +317,39 @@ def test_api_killed_after_202_the_delivery_is_still_processed(cluster: Cluster) 
     cluster.start_worker()  # its reconciler finds the stored delivery
     _wait(cluster.completed, 240, "the run after the API was killed\n" + cluster.logs())
     assert len(cluster.runs()) == 1
+
+
+def test_reports_reach_the_crcr_callback_through_real_workers(cluster: Cluster) -> None:
+    """in_progress then completed, sent by the workers' report queue; a 503 with Retry-After
+    on the first attempt is retried, not lost."""
+    from tests.reporting_fakes import CallbackReceiver
+
+    receiver = CallbackReceiver()
+    receiver.script(503, headers={"Retry-After": "1"})
+    with receiver.running() as url:
+        cluster.env["CI_RELAY_CRCR_CALLBACK_URL"] = url
+        cluster.start_worker()
+        api, port = _api(cluster)
+        try:
+            assert _post(port, cluster.sample, 2, "report-1") == 202
+            _wait(cluster.completed, 180, "the run to complete\n" + cluster.logs())
+
+            def both_sent() -> bool:
+                with cluster.rt.db.session() as s:
+                    states = [m.state for m in s.scalars(select(OutboxMessage))]
+                return states == ["sent", "sent"]
+
+            _wait(both_sent, 120, "both reports to be sent\n" + cluster.logs())
+        finally:
+            os.killpg(api.pid, signal.SIGTERM)
+            api.wait(timeout=20)
+    statuses = [body["workflow"]["status"] for body in receiver.accepted]
+    assert statuses == ["in_progress", "completed"]
+    (run,) = cluster.runs()
+    completed = receiver.accepted[1]["workflow"]
+    assert completed["conclusion"] == "success"
+    assert completed["test_results"]["total"] == sum(run.counts.values()) > 0
+    with cluster.rt.db.session() as s:
+        attempts = [m.attempts for m in s.scalars(select(OutboxMessage).order_by(OutboxMessage.id))]
+    assert attempts[0] == 2  # the 503, then the retry that went through
+    assert len(receiver.posts()) == 3
