@@ -27,7 +27,12 @@ export CONTAINERS_CONF=${CONTAINERS_CONF:-$(cd "$(dirname "$0")/.." && pwd)/dock
 if command -v podman >/dev/null && ! curl -sf --unix-socket /run/ci-relay/podman.sock http://d/_ping >/dev/null 2>&1; then
   echo "services: starting Podman's API socket" >&2
   mkdir -p /run/ci-relay
-  nohup podman system service --time=0 unix:///run/ci-relay/podman.sock >/var/log/ci-relay-podman.log 2>&1 &
+  # its own copy of the settings and its own working folder: conmon drops files (an `oom`
+  # marker when a container is OOM-killed) in the service's current folder
+  cp "$CONTAINERS_CONF" /run/ci-relay/containers.conf
+  (cd /run/ci-relay && CONTAINERS_CONF=/run/ci-relay/containers.conf \
+    exec nohup podman system service --time=0 unix:///run/ci-relay/podman.sock) \
+    </dev/null >/var/log/ci-relay-podman.log 2>&1 &
   for _ in $(seq 1 30); do
     curl -sf --unix-socket /run/ci-relay/podman.sock http://d/_ping >/dev/null 2>&1 && break
     sleep 0.5
