@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -129,7 +130,7 @@ class LocalAgent:
         hunk_vectors = self._encode(hunks, {})
         if len(store) != before:
             cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_file.with_suffix(f".{os.getpid()}.tmp.npz")
+            tmp = cache_file.with_suffix(f".{uuid.uuid4().hex}.tmp.npz")  # per writer thread
             np.savez(tmp, **store)
             tmp.replace(cache_file)
         sims = np.asarray(test_vectors) @ np.asarray(hunk_vectors).T

@@ -11,6 +11,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -211,7 +212,8 @@ class InventoryCache:
     def store(self, kind: str, key: str, data: Any) -> None:
         path = self._path(kind, key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        # unique per writer: threads of one worker process share its pid
+        tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(path)  # atomic: concurrent builders never see half a file
 
