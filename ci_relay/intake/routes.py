@@ -25,6 +25,7 @@ from ci_relay.intake.signature import verify
 from ci_relay.logs import delivery_context
 from ci_relay.metrics import Metrics
 from ci_relay.pipeline import Next
+from ci_relay.request_body import BodyTooLarge, read_body_at_most
 from ci_relay.runtime import Runtime
 from ci_relay.store.models import AuditRecord, Delivery, DeliveryState, utcnow
 
@@ -41,24 +42,6 @@ class DispatchEnvelope(BaseModel):
     event_type: str
     delivery_id: str
     payload: dict[str, Any]
-
-
-class _TooLarge(Exception):
-    pass
-
-
-async def _read_limited(request: Request, limit: int) -> bytes:
-    """The body, refusing early (without buffering it all) when it passes ``limit``."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise _TooLarge
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], None]) -> APIRouter:
@@ -173,8 +156,8 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
         started = time.perf_counter()
         event = request.headers.get("x-github-event")
         try:
-            body = await _read_limited(request, settings.max_body_bytes)
-        except _TooLarge:
+            body = await read_body_at_most(request, settings.max_body_bytes)
+        except BodyTooLarge:
             return await reject(
                 request, 413, f"body over {settings.max_body_bytes} bytes", event, started
             )
@@ -220,8 +203,8 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
     async def crcr_dispatch(request: Request) -> JSONResponse:
         started = time.perf_counter()
         try:
-            body = await _read_limited(request, settings.max_body_bytes)
-        except _TooLarge:
+            body = await read_body_at_most(request, settings.max_body_bytes)
+        except BodyTooLarge:
             return await reject(
                 request, 413, f"body over {settings.max_body_bytes} bytes", None, started
             )

@@ -21,30 +21,12 @@ from starlette.concurrency import run_in_threadpool
 from ci_relay.reporting import results_store
 from ci_relay.reporting.hud import TOKEN_HEADER
 from ci_relay.reporting.wire import MAX_ACCEPT_BYTES, HudBody
+from ci_relay.request_body import BodyTooLarge, read_body_at_most
 from ci_relay.runtime import Runtime
 from ci_relay.store.models import AuditRecord
 
 log = logging.getLogger("ci_relay.reporting.ingest")
 PATH = "/api/crcr/results"
-
-
-class _TooLarge(Exception):
-    pass
-
-
-async def _read_at_most(request: Request, limit: int) -> bytes:
-    """The body, stopping as soon as it passes ``limit`` (a Content-Length is only a hint)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _TooLarge
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _field(error: dict[str, Any]) -> str:
@@ -82,8 +64,8 @@ def make_router(rt: Runtime) -> APIRouter:
             reason = f"missing {TOKEN_HEADER}" if given is None else f"wrong {TOKEN_HEADER}"
             return await reject(request, 401, reason)
         try:
-            raw = await _read_at_most(request, MAX_ACCEPT_BYTES)
-        except _TooLarge:
+            raw = await read_body_at_most(request, MAX_ACCEPT_BYTES)
+        except BodyTooLarge:
             return await reject(
                 request, 413, f"body over the HUD limit of {MAX_ACCEPT_BYTES} bytes (2 MiB)"
             )
