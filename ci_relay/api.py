@@ -68,6 +68,9 @@ def run_json(run: Run, with_results: bool = False) -> dict[str, Any]:
                 "state": s.state,
                 "exit_code": s.exit_code,
                 "attempts": s.attempts,
+                "runtime": s.runtime,
+                "isolated": None if s.runtime is None else s.runtime != "local",
+                "error": s.error,
                 "results": [
                     {
                         "nodeid": r.nodeid,

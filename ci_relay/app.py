@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
 from ci_relay import api, dashboard
+from ci_relay.audit import AuditLog
 from ci_relay.intake import routes as intake
 from ci_relay.metrics import Metrics
 from ci_relay.pipeline import Next
@@ -20,11 +22,21 @@ def create_app(
     broker_ok: Callable[[], bool] = lambda: True,
 ) -> FastAPI:
     """Build the app around a runtime; ``enqueue`` sends pipeline steps to the queue."""
-    app = FastAPI(title="ci-relay", version="0.1.0")
+    audit_log = AuditLog(rt.db, rt.settings.audit_window_seconds)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            audit_log.flush()  # counts of rejections still only in memory
+
+    app = FastAPI(title="ci-relay", version="0.1.0", lifespan=lifespan)
     metrics = Metrics()
     app.state.metrics = metrics
-    app.include_router(intake.make_router(rt, metrics, enqueue))
+    app.state.audit_log = audit_log
+    app.include_router(intake.make_router(rt, metrics, enqueue, audit_log))
     app.include_router(api.make_router(rt, metrics, broker_ok))
-    app.include_router(crcr_ingest.make_router(rt))
+    app.include_router(crcr_ingest.make_router(rt, audit_log))
     dashboard.install(app, rt)
     return app

@@ -4,6 +4,10 @@ incrementally, and throwaway trees materialised from it.
 Several workers on one machine share a mirror; every operation that changes it (clone,
 fetch, worktree add/remove) holds an exclusive ``flock`` on a file beside it, so they never
 race. The lock is released by the kernel if a worker dies.
+
+Commit ids reach here from webhooks: each is checked to be a full hex commit id before git
+sees it, and git gets it after ``--end-of-options`` without a shell, so even a value that
+slipped past intake can never become a git option (``--upload-pack=...`` runs a command).
 """
 
 from __future__ import annotations
@@ -19,9 +23,19 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from ci_relay.identifiers import InvalidIdentifier, commit_id
+
 
 class CheckoutError(RuntimeError):
     pass
+
+
+def _checked(sha: str) -> str:
+    """``sha`` if it is a full commit id, else a :class:`CheckoutError` (git never runs)."""
+    try:
+        return commit_id(sha)
+    except InvalidIdentifier as exc:
+        raise CheckoutError(f"refusing to check out {exc}") from None
 
 
 def _git(repo: Path | None, *args: str, timeout: float = 3600) -> str:
@@ -63,20 +77,21 @@ class UpstreamMirror:
 
     def _has_commit(self, sha: str) -> bool:
         try:
-            _git(self.path, "cat-file", "-e", f"{sha}^{{commit}}")
+            _git(self.path, "cat-file", "-e", "--end-of-options", f"{sha}^{{commit}}")
         except CheckoutError:
             return False
         return True
 
     def ensure(self, sha: str) -> Path:
         """The mirror, cloned on first use and fetched only when ``sha`` is not in it yet."""
+        sha = _checked(sha)
         if self.path.is_dir() and self._has_commit(sha):
             return self.path
         with self._locked():
             if not self.path.is_dir():
                 tmp = self.path.with_name(f"{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
                 try:
-                    _git(None, "clone", "--mirror", "--quiet", self.source, str(tmp))
+                    _git(None, "clone", "--mirror", "--quiet", "--", self.source, str(tmp))
                     tmp.rename(self.path)  # a half-made clone is never seen as the mirror
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)
@@ -84,15 +99,21 @@ class UpstreamMirror:
                 _git(self.path, "fetch", "--quiet", "--prune", "origin")
                 if not self._has_commit(sha):  # a PR head no ref points at (yet)
                     with suppress(CheckoutError):
-                        _git(self.path, "fetch", "--quiet", "origin", sha)
+                        _git(self.path, "fetch", "--quiet", "--end-of-options", "origin", sha)
             if not self._has_commit(sha):
                 raise CheckoutError(f"commit {sha} is not in {self.source} (fetched into {self})")
         return self.path
 
     def rev_parse(self, spec: str) -> str | None:
-        """``spec`` resolved in the mirror, or None when it names nothing (a root's parent)."""
+        """``spec`` (a commit id, optionally followed by ``^``s) resolved in the mirror, or
+        None when it names nothing (a root's parent)."""
+        sha = spec.rstrip("^")
+        _checked(sha)
         try:
-            return _git(self.path, "rev-parse", "--verify", "--quiet", spec) or None
+            return (
+                _git(self.path, "rev-parse", "--verify", "--quiet", "--end-of-options", spec)
+                or None
+            )
         except CheckoutError:
             return None
 
@@ -104,6 +125,9 @@ class UpstreamMirror:
         only those paths, exported with ``git archive`` (for a huge upstream where a shard
         needs one folder).
         """
+        sha = _checked(sha)
+        if paths and any(p.startswith("-") or "\0" in p for p in paths):
+            raise CheckoutError(f"refusing path(s) that look like options: {list(paths)!r}")
         self.ensure(sha)
         parent = Path(tempfile.mkdtemp(prefix=f"ci-relay-{sha[:12]}-"))
         path = parent / "tree"
@@ -117,8 +141,8 @@ class UpstreamMirror:
                         str(self.path),
                         "archive",
                         "--format=tar",
+                        "--end-of-options",  # after it, every argument is a tree or a path
                         sha,
-                        "--",
                         *paths,
                     ],
                     stdout=subprocess.PIPE,
@@ -138,7 +162,7 @@ class UpstreamMirror:
                 yield path
                 return
             with self._locked():
-                _git(self.path, "worktree", "add", "--detach", "--quiet", str(path), sha)
+                _git(self.path, "worktree", "add", "--detach", "--quiet", "--", str(path), sha)
             try:
                 yield path
             finally:

@@ -112,7 +112,7 @@ def _load_for_run(
     root = _upstream_dir(upstream)
     try:
         profile = get_backend(backend)
-        loaded = load_specs(_spec_files(specs), root)
+        loaded = load_specs(_spec_files(specs), root, profile.name)
         check_against_upstream(loaded)
     except UnknownBackend as exc:
         raise _fail(str(exc)) from None
@@ -126,7 +126,7 @@ def _check_backend(profile: Backend) -> None:
     from reuse_specs.backends import BackendUnavailable
 
     try:
-        profile.check()
+        profile.check(_settings().spyre_device_glob)
     except BackendUnavailable as exc:
         raise _fail(str(exc)) from None
 
@@ -401,10 +401,11 @@ def _run_isolated(
     from ci_relay.execution.runtimes import Limits, RuntimeUnavailable, get_runtime
     from ci_relay.execution.shard import ShardRequest, run_shard
     from ci_relay.junit import write_junit
+    from ci_relay.pipeline import runtime_options
 
     loaded, profile, root = _load_for_run(specs, upstream, backend)
     try:
-        runtime = get_runtime(runtime_name, profile.name)
+        runtime = get_runtime(runtime_name, profile.name, options=runtime_options(_settings()))
     except RuntimeUnavailable as exc:
         raise _fail(str(exc)) from None
     if runtime.name != "container":  # a container has its own software: it checks inside
@@ -498,9 +499,13 @@ def _say_demo_runtimes(backends: tuple[str, ...]) -> None:
     """Where the demo's shards will run, and why not in a container when they cannot."""
     from ci_relay.pipeline import shard_runtime
 
-    for backend in backends:  # the demo's relay runs with CI_RELAY_RUNTIME=auto
-        runtime = shard_runtime("auto", backend, say=lambda msg: err.print(f"[yellow]{msg}[/]"))
-        out.print(f"{backend} shards run in: {runtime.name}")
+    # the demo's relay runs with CI_RELAY_RUNTIME=auto as a local demo: a machine without
+    # Podman or bubblewrap runs the sample's tests unisolated, and the run page says so
+    settings = _settings(runtime="auto", local_demo=True)
+    for backend in backends:
+        runtime = shard_runtime(settings, backend, say=lambda msg: err.print(f"[yellow]{msg}[/]"))
+        where = "local (NOT isolated)" if runtime.name == "local" else runtime.name
+        out.print(f"{backend} shards run in: {where}")
 
 
 @app.command("sample-upstream")

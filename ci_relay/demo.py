@@ -95,6 +95,9 @@ class DemoRelay:
             CI_RELAY_POLICY_FILE=str(policy),
             CI_RELAY_UPSTREAM_REPO=str(sample.path),
             CI_RELAY_RECONCILE_AFTER_SECONDS="10",
+            # a person started the demo on their own machine with a sample upstream: without
+            # Podman or bubblewrap its tests may run unisolated (marked "not isolated")
+            CI_RELAY_LOCAL_DEMO="true",
         )
         return env
 

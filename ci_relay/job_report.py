@@ -45,9 +45,6 @@ CONCLUSIONS = frozenset(
     {"success", "failure", "cancelled", "neutral", "skipped", "timed_out", "action_required"}
 )
 OIDC_AUDIENCE = "pytorch-cross-repo-ci-relay"  # what PyTorch's relay expects in the token
-SHA = re.compile(r"^[0-9a-f]{40}$")
-NAME = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")  # safe in $GITHUB_OUTPUT and shell words
-REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 
 
 class JobReportError(Exception):
@@ -256,39 +253,39 @@ class DispatchInfo:
 def dispatch_info(envelope: Envelope, expect_repository: str | None) -> DispatchInfo:
     """Read the upstream change the way the relay's intake does (:func:`summarize`).
 
-    Everything returned is checked against a strict pattern, because a workflow writes
-    it to ``$GITHUB_OUTPUT`` and hands it to git: a crafted payload must not inject.
+    Everything returned is checked against a strict pattern (:mod:`ci_relay.identifiers`,
+    as at the relay's intake), because a workflow writes it to ``$GITHUB_OUTPUT`` and hands
+    it to git: a crafted payload must not inject.
     """
-    from ci_relay.intake.events import summarize
+    from ci_relay.identifiers import InvalidIdentifier, delivery_id, event_name
+    from ci_relay.intake.events import InvalidPayload, summarize
 
-    named = {"event_type": envelope.event_type, "delivery_id": envelope.delivery_id}
-    for label, value in named.items():
-        if not NAME.match(value):
-            raise JobReportError(f"{label} {value!r} has characters a job will not pass on")
-    seen = summarize(envelope.event_type, envelope.payload)
+    try:
+        event_name(envelope.event_type)
+        delivery_id(envelope.delivery_id)
+    except InvalidIdentifier as exc:
+        raise JobReportError(f"the envelope's {exc}; a job will not pass it on") from None
+    try:
+        seen = summarize(envelope.event_type, envelope.payload)
+    except InvalidPayload as exc:  # the relay's intake refuses the same payloads
+        raise JobReportError(f"payload field {exc}") from None
     change = seen.change
     repository = change.repository if change else seen.repository or ""
-    if repository and not REPO.match(repository):
-        raise JobReportError(f"repository {repository!r} is not owner/name")
     if expect_repository and repository.lower() != expect_repository.lower():
         raise JobReportError(f"the dispatch is for {repository!r}, not {expect_repository!r}")
     if change is None or not change.runs_tests:
         reason = seen.ignore_reason or f"{envelope.event_type} {seen.action or ''} runs no tests"
-        head = seen.head_sha if seen.head_sha and SHA.match(seen.head_sha) else ""
         return DispatchInfo(
             envelope.event_type,
             envelope.delivery_id,
             repository,
             change.kind if change else "",
-            head,
+            seen.head_sha or "",
             "",
             change.number if change else None,
             False,
             re.sub(r"[^\w .:/()-]", "_", reason.strip())[:200],
         )
-    for label, sha in (("head", change.head_sha), ("base", change.base_sha)):
-        if sha is not None and not SHA.match(sha):
-            raise JobReportError(f"{label} sha {sha!r} is not 40 hex digits")
     # a new branch or a rerun has no base: compare with the parent, as the relay's select does
     base = change.base_sha or f"{change.head_sha}^"
     return DispatchInfo(

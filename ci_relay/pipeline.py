@@ -20,16 +20,17 @@ from sqlalchemy import CursorResult, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ci_relay.checkouts import UpstreamMirror
+from ci_relay.checkouts import CheckoutError, UpstreamMirror
 from ci_relay.execution.devices import claim_device
-from ci_relay.execution.runtimes import Limits, RuntimeUnavailable, get_runtime
+from ci_relay.execution.runtimes import Limits, RuntimeOptions, RuntimeUnavailable, get_runtime
 from ci_relay.execution.runtimes import Runtime as ExecRuntime
 from ci_relay.execution.shard import ShardRequest, run_shard
-from ci_relay.intake.events import ChangeIntent, summarize
+from ci_relay.intake.events import ChangeIntent, InvalidPayload, summarize
 from ci_relay.outcomes import BAD_OUTCOMES
 from ci_relay.reporting.outbox import due as due_reports
 from ci_relay.reporting.outbox import enqueue_reports
 from ci_relay.runtime import Runtime
+from ci_relay.settings import Settings
 from ci_relay.store.models import (
     Change,
     Delivery,
@@ -44,10 +45,11 @@ from ci_relay.store.models import (
     utcnow,
 )
 from reuse_specs.backends import get_backend
+from reuse_specs.errors import SpecErrors
 from test_selection.agents import agent_by_name
 from test_selection.selector import SelectorConfig
 from test_selection.selector import select as select_tests_for
-from test_selection.types import Budget
+from test_selection.types import Budget, TestPlan
 
 log = logging.getLogger("ci_relay.pipeline")
 
@@ -117,7 +119,13 @@ def process_delivery(rt: Runtime, delivery_pk: int) -> list[Next]:
             return []
         delivery.attempts += 1
         event, payload = delivery_event(delivery)
-        meaning = summarize(event, payload)
+        try:
+            meaning = summarize(event, payload)
+        except InvalidPayload as exc:  # stored before intake validated it (or replayed)
+            delivery.state, delivery.reason = DeliveryState.IGNORED, f"refused: {exc}"
+            delivery.processed_at = utcnow()
+            log.warning("delivery %s refused: %s", delivery.delivery_id, exc)
+            return []
         repo_policy = rt.policy.for_repository(meaning.repository)
         if repo_policy is None:
             delivery.state, delivery.reason = (
@@ -245,30 +253,11 @@ def select_tests(rt: Runtime, run_id: int, stale_after: timedelta) -> list[Next]
                 if s.state == ShardState.PENDING
             ]
         head, base, backend = run.change.head_sha, run.change.base_sha, run.backend
-    mirror = _upstream_mirror(rt)
-    settings = rt.settings
-    budget = Budget.parse(settings.selection_budget)
-    mirror.ensure(head)
-    if base is not None:
-        mirror.ensure(base)
-    else:  # a new branch: compare with the parent, or run everything for a root
-        parent = mirror.rev_parse(f"{head}^")
-        base, budget = (parent, budget) if parent else (head, Budget("all"))
-    cache = settings.data_dir.resolve() / "cache"
-    config = SelectorConfig(
-        budget=budget,
-        agent=agent_by_name(
-            settings.selection_agent,
-            cache,
-            settings.llm_url,
-            settings.llm_model,
-            settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
-        ),
-        shards=settings.shards_per_run,
-        cache_dir=cache,
-    )
-    with mirror.tree(head) as tree:
-        plan, _ = select_tests_for(tree, base, head, rt.specs, config)
+    try:
+        plan = _plan(rt, head, base)
+    except (CheckoutError, SpecErrors) as exc:  # a commit that is not there, a broken spec
+        log.error("run %s: selection impossible: %s", run_id, exc)
+        return _run_failed(rt, run_id, f"selection failed: {exc}")
     with rt.db.session() as session:
         run = session.get(Run, run_id)
         assert run is not None
@@ -297,18 +286,83 @@ def select_tests(rt: Runtime, run_id: int, stale_after: timedelta) -> list[Next]
         return [Next("execute", shard.id, backend) for shard in shards] + reports
 
 
-def shard_runtime(name: str, backend: str, say: Callable[[str], None] = log.warning) -> ExecRuntime:
-    """The configured runtime; ``auto``: a container when an engine and the runner image are
-    there, else the bubblewrap sandbox, else local (each fallback told to ``say``)."""
-    if name != "auto":
-        return get_runtime(name, backend)
+def _plan(rt: Runtime, head: str, base: str | None) -> TestPlan:
+    """The four-stage selector's plan for head against base (or head's parent)."""
+    mirror = _upstream_mirror(rt)
+    settings = rt.settings
+    budget = Budget.parse(settings.selection_budget)
+    mirror.ensure(head)
+    if base is not None:
+        mirror.ensure(base)
+    else:  # a new branch: compare with the parent, or run everything for a root
+        parent = mirror.rev_parse(f"{head}^")
+        base, budget = (parent, budget) if parent else (head, Budget("all"))
+    cache = settings.data_dir.resolve() / "cache"
+    config = SelectorConfig(
+        budget=budget,
+        agent=agent_by_name(
+            settings.selection_agent,
+            cache,
+            settings.llm_url,
+            settings.llm_model,
+            settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+        ),
+        shards=settings.shards_per_run,
+        cache_dir=cache,
+    )
+    with mirror.tree(head) as tree:
+        plan, _ = select_tests_for(tree, base, head, rt.specs, config)
+    return plan
+
+
+def shard_runtime(
+    settings: Settings, backend: str, say: Callable[[str], None] = log.warning
+) -> ExecRuntime:
+    """Where a shard's upstream code runs. Fails closed: ``auto`` takes a container when an
+    engine and the runner image are there, else the bubblewrap sandbox, else refuses
+    (:class:`RuntimeUnavailable`); ``local`` runs only when a person chose it
+    (``CI_RELAY_RUNTIME=local``, or ``auto`` under the local demo)."""
+    options = runtime_options(settings)
+    if settings.runtime != "auto":
+        return get_runtime(settings.runtime, backend, options=options)
+    reasons = []
     for candidate in ("container", "sandbox"):
         try:
-            return get_runtime(candidate, backend)
+            return get_runtime(candidate, backend, options=options)
         except RuntimeUnavailable as exc:
+            reasons.append(f"{candidate}: {exc}")
             say(f"runtime {candidate} unavailable: {exc}")
-    say("running shards without isolation (runtime local)")
-    return get_runtime("local", backend)
+    if settings.local_demo:
+        say("local demo: running shards WITHOUT isolation (runtime local)")
+        return get_runtime("local", backend, options=options)
+    raise RuntimeUnavailable(
+        "no isolating runtime on this worker, so the upstream tests were not run ("
+        + "; ".join(reasons)
+        + "). Start Podman's socket and build the runner image (ci-relay images build), or "
+        "install bubblewrap; CI_RELAY_RUNTIME=local runs upstream code unisolated, only if "
+        "a person accepts that"
+    )
+
+
+def runtime_options(settings: Settings) -> RuntimeOptions:
+    """What the runtimes need from the settings: the engine, the sandbox's user, and the
+    worker's own files that a shard must never read."""
+    hidden = [
+        p
+        for p in (
+            settings.settings_file,
+            settings.policy_file,
+            settings.github_app_private_key_file,
+            settings.data_dir,
+        )
+        if p is not None
+    ]
+    return RuntimeOptions(
+        docker_host=settings.docker_host,
+        sandbox_uid=settings.sandbox_uid,
+        sandbox_gid=settings.sandbox_gid,
+        hidden=tuple(Path(p).resolve() for p in hidden),
+    )
 
 
 def _upstream_mirror(rt: Runtime) -> UpstreamMirror:
@@ -345,10 +399,16 @@ def execute_shard(rt: Runtime, shard_id: int, stale_after: timedelta) -> list[Ne
         assert shard is not None
         run_id, backend, head = shard.run_id, shard.run.backend, shard.run.change.head_sha
         tests = list(shard.test_files)
-    runtime = shard_runtime(rt.settings.runtime, backend)
     settings = rt.settings
+    try:
+        runtime = shard_runtime(settings, backend)
+        mirror = _upstream_mirror(rt)
+        mirror.ensure(head)
+    except (RuntimeUnavailable, CheckoutError) as exc:
+        log.error("shard %s of run %s not run: %s", shard_id, run_id, exc)
+        return _shard_failed(rt, shard_id, run_id, str(exc))
     with (
-        _upstream_mirror(rt).tree(head) as tree,
+        mirror.tree(head) as tree,
         tempfile.TemporaryDirectory() as tmp,
         claim_device(
             backend,
@@ -366,9 +426,11 @@ def execute_shard(rt: Runtime, shard_id: int, stale_after: timedelta) -> list[Ne
                 upstream=tree,
                 scratch=Path(tmp),
                 backend=backend,
-                per_test_timeout=rt.settings.per_test_timeout,
+                per_test_timeout=settings.per_test_timeout,
                 limits=Limits(
-                    memory_mb=rt.settings.shard_memory_mb, wall_seconds=SHARD_TIMEOUT_SECONDS
+                    memory_mb=settings.shard_memory_mb,
+                    wall_seconds=SHARD_TIMEOUT_SECONDS,
+                    scratch_mb=settings.shard_scratch_mb,
                 ),
                 env=device.env(),
             ),
@@ -400,8 +462,31 @@ def execute_shard(rt: Runtime, shard_id: int, stale_after: timedelta) -> list[Ne
         shard.exit_code = code
         shard.state = ShardState.DONE if code in (0, 1) else ShardState.FAILED
         shard.log_tail = output[-8000:]
+        shard.runtime = runtime.name
+        shard.error = report.error
         shard.finished_at = utcnow()
     log.info("shard %s of run %s finished with exit code %s", shard_id, run_id, code)
+    return [Next("collect", run_id)]
+
+
+def _run_failed(rt: Runtime, run_id: int, error: str) -> list[Next]:
+    """End a run that cannot be tested (an infrastructure error), and report it."""
+    with rt.db.session() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        run.state, run.conclusion, run.error = RunState.COMPLETED, "error", error[:4000]
+        run.finished_at = utcnow()
+        return _reports(enqueue_reports(session, rt, run, "completed"))
+
+
+def _shard_failed(rt: Runtime, shard_id: int, run_id: int, error: str) -> list[Next]:
+    """End a shard that could not run at all (an infrastructure error, shown as such)."""
+    with rt.db.session() as session:
+        shard = session.get(Shard, shard_id)
+        assert shard is not None
+        shard.state, shard.exit_code = ShardState.FAILED, 3
+        shard.error, shard.log_tail = error, error
+        shard.finished_at = utcnow()
     return [Next("collect", run_id)]
 
 

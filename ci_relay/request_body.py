@@ -1,6 +1,9 @@
-"""Reading a request body under a size limit, shared by every endpoint that takes uploads."""
+"""Reading a request body under a size limit, and its JSON, for every endpoint with uploads."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 from fastapi import Request
 
@@ -26,3 +29,43 @@ async def read_body_at_most(request: Request, limit: int) -> bytes:
             raise BodyTooLarge
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body's JSON, refusing with ``ValueError`` what must not reach the database.
+
+    Besides syntax and encoding: nesting deeper than the parser's recursion limit
+    (``RecursionError`` becomes ``ValueError``), integers too long to convert (Python's own
+    limit raises ``ValueError``), and lone UTF-16 surrogates written as ``\\ud8xx``
+    escapes, which are valid JSON syntax but no Unicode text (PostgreSQL refuses them).
+    """
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if b"\\ud" in raw or b"\\uD" in raw:  # only an escape can produce a surrogate
+        _refuse_surrogates(data)
+    return data
+
+
+def _refuse_surrogates(data: Any) -> None:
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            texts = [item]
+        elif isinstance(item, dict):
+            texts = list(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+            continue
+        else:
+            continue
+        for text in texts:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff)") from (
+                    None
+                )

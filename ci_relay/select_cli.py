@@ -13,6 +13,7 @@ from rich.table import Table
 from reuse_specs.errors import SpecErrors
 
 if TYPE_CHECKING:  # the selector is imported when a command runs, not on every start
+    from ci_relay.settings import Settings
     from test_selection.agents import Agent
     from test_selection.selector import SelectorConfig
     from test_selection.types import PlannedTest, TestPlan
@@ -23,13 +24,30 @@ out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 
-def _agent(name: str, cache: Path, llm_url: str | None, llm_model: str | None) -> Agent:
+def _agent(
+    name: str, cache: Path, llm_url: str | None, llm_model: str | None, settings: Settings
+) -> Agent:
+    """The agent; the LLM endpoint from the options, else from the settings (CI_RELAY_LLM_*)."""
     from test_selection.agents import agent_by_name
 
+    key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
     try:
-        return agent_by_name(name, cache, llm_url, llm_model)
+        return agent_by_name(
+            name, cache, llm_url or settings.llm_url, llm_model or settings.llm_model, key
+        )
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--agent") from None
+
+
+def _load_settings() -> Settings:
+    from pydantic import ValidationError
+
+    from ci_relay.settings import Settings
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise typer.BadParameter(f"bad settings (CI_RELAY_*): {exc}") from None
 
 
 def _config(
@@ -42,7 +60,6 @@ def _config(
     llm_model: str | None,
     patterns: list[str] | None = None,
 ) -> SelectorConfig:
-    from test_selection.inventory import default_cache_dir
     from test_selection.plan import load_durations
     from test_selection.selector import SelectorConfig
     from test_selection.types import Budget
@@ -51,10 +68,11 @@ def _config(
         parsed = Budget.parse(budget)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--budget") from None
-    cache = default_cache_dir()
+    settings = _load_settings()
+    cache = settings.effective_cache_dir
     config = SelectorConfig(
         budget=parsed,
-        agent=_agent(agent, cache, llm_url, llm_model),
+        agent=_agent(agent, cache, llm_url, llm_model, settings),
         shards=shards,
         always_run=tuple(always_run or ()),
         cache_dir=cache,

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -19,13 +19,17 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from reuse_specs.backends import SPYRE_DEVICE_GLOB
+
 MiB = 1024 * 1024
+SETTINGS_FILE_VARIABLE = "CI_RELAY_SETTINGS_FILE"
+PODMAN_SOCKET = "unix:///run/ci-relay/podman.sock"
 
 
 class Settings(BaseSettings):
     """Runtime configuration of the relay; every default is the embedded, one-machine one."""
 
-    model_config = SettingsConfigDict(env_prefix="CI_RELAY_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="CI_RELAY_", extra="forbid", populate_by_name=True)
 
     data_dir: Path = Field(default=Path(".ci-relay"), description="SQLite files, broker folders")
     database_url: str | None = Field(default=None, description="default: SQLite in data_dir")
@@ -45,7 +49,27 @@ class Settings(BaseSettings):
     llm_url: str | None = None
     llm_model: str | None = None
     llm_api_key: SecretStr | None = None
-    runtime: str = Field(default="auto", description="auto | container | sandbox | local")
+    runtime: Literal["auto", "container", "sandbox", "local"] = Field(
+        default="auto",
+        description="where shards run; auto = container, else sandbox, else refuse",
+    )
+    docker_host: str = Field(
+        default=PODMAN_SOCKET,
+        validation_alias=AliasChoices("CI_RELAY_DOCKER_HOST", "DOCKER_HOST"),
+        description="the container engine's API (Docker, or Podman's compatible socket)",
+    )
+    sandbox_uid: int = Field(default=65534, ge=1, description="host user of sandboxed tests")
+    sandbox_gid: int = Field(default=65534, ge=1, description="host group of sandboxed tests")
+    shard_scratch_mb: int = Field(default=2048, gt=0, description="disk a shard may write")
+    spyre_device_glob: str = Field(
+        default=SPYRE_DEVICE_GLOB, description="Spyre cards, as a pattern under /dev"
+    )
+    cache_dir: Path | None = Field(
+        default=None, description="selector caches; default: $XDG_CACHE_HOME/ci-relay"
+    )
+    audit_window_seconds: float = Field(
+        default=60.0, gt=0, description="rejections of one kind share one audit row this long"
+    )
     devices: int = Field(default=1, ge=1, description="accelerator cards of the backend here")
     device_lock_dir: Path = Field(
         default=Path(tempfile.gettempdir()) / "ci-relay-devices",
@@ -95,10 +119,22 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        settings_file = os.environ.get("CI_RELAY_SETTINGS_FILE")
+        settings_file = os.environ.get(SETTINGS_FILE_VARIABLE)
         if settings_file:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=settings_file))
         return tuple(sources)
+
+    @property
+    def settings_file(self) -> Path | None:
+        """The YAML file these settings were read from, if any (shards must not read it)."""
+        named = os.environ.get(SETTINGS_FILE_VARIABLE)
+        return Path(named) if named else None
+
+    @property
+    def effective_cache_dir(self) -> Path:
+        from test_selection.inventory import default_cache_dir
+
+        return self.cache_dir if self.cache_dir is not None else default_cache_dir()
 
     @property
     def effective_database_url(self) -> str:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+SPYRE_DEVICE_GLOB = "vfio/[0-9]*"  # where a Spyre card appears under /dev by default
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class Backend:
     description: str
     env: Mapping[str, str] = field(default_factory=dict)
     processes_per_device: int = 0
-    preflight: Callable[[], None] | None = None
+    preflight: Callable[[str], None] | None = None  # called with the cards' /dev pattern
     env_defaults: Mapping[str, str] = field(default_factory=dict)  # unless already set
 
     def apply_env(self, environ: MutableMapping[str, str]) -> None:
@@ -33,10 +34,11 @@ class Backend:
         for key, value in self.env_defaults.items():
             environ.setdefault(key, value)
 
-    def check(self) -> None:
-        """Refuse clearly, before any test runs, when this machine cannot run the backend."""
+    def check(self, device_glob: str = SPYRE_DEVICE_GLOB) -> None:
+        """Refuse clearly, before any test runs, when this machine cannot run the backend
+        (``device_glob``: where its cards appear under /dev, the relay's settings say)."""
         if self.preflight is not None:
-            self.preflight()
+            self.preflight(device_glob)
 
     @property
     def class_suffix(self) -> str:
@@ -48,21 +50,21 @@ class BackendUnavailable(RuntimeError):
     pass
 
 
-def _spyre_emu_ready() -> None:
+def _spyre_emu_ready(_device_glob: str) -> None:
     if importlib.util.find_spec("spyre_emu") is None:
         raise BackendUnavailable("the spyre-emu backend needs the spyre_emu package (ci-relay's)")
     if importlib.util.find_spec("torch") is None:
         raise BackendUnavailable("the spyre-emu backend needs torch (pip install torch==2.13.0)")
 
 
-def _spyre_card_ready() -> None:
+def _spyre_card_ready(device_glob: str) -> None:
     if importlib.util.find_spec("torch_spyre") is None:
         raise BackendUnavailable(
             "the spyre backend needs torch-spyre installed and a Spyre card "
             "(the runner image: ci-relay images build --backend spyre); "
             "without a card use --backend spyre-emu"
         )
-    if not any(Path("/dev").glob(os.environ.get("CI_RELAY_SPYRE_DEVICE_GLOB", "vfio/[0-9]*"))):
+    if not any(Path("/dev").glob(device_glob)):
         raise BackendUnavailable(
             "the spyre backend found no Spyre card (no /dev/vfio device; "
             "CI_RELAY_SPYRE_DEVICE_GLOB names another pattern under /dev)"

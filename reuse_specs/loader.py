@@ -32,6 +32,10 @@ from reuse_specs.schema import (
 from reuse_specs.yaml_source import PathKey, YamlDocument, load_yaml
 
 _TOKEN = re.compile(r"\$\{(\w+)\}|\$(\w+)")
+# ``${NAME}`` in a spec path expands from these only, never from the environment (a
+# worker's environment holds its secrets, and a spec must not be able to name them):
+# the upstream checkout, the spec file's own folder, and the backend being run.
+SPEC_TOKENS = ("TORCH_ROOT", "SPEC_DIR", "BACKEND")
 _GLOB_CHARS = set("*?[")
 
 
@@ -237,6 +241,23 @@ def _resolve_paths(raw: str, tokens: Mapping[str, str]) -> tuple[list[Path], str
     return ([path.resolve()] if path.is_file() else []), None
 
 
+def _unknown_tokens(doc: YamlDocument, spec: SpecFile) -> list[SpecError]:
+    errors = []
+    for i, entry in enumerate(spec.test_suite_config.files):
+        for match in _TOKEN.finditer(entry.path):
+            name = match.group(1) or match.group(2)
+            if name not in SPEC_TOKENS:
+                errors.append(
+                    SpecError(
+                        doc.locate(("test_suite_config", "files", i, "path")),
+                        f"unknown token ${{{name}}} in path {entry.path!r}: paths may use "
+                        + ", ".join(f"${{{t}}}" for t in SPEC_TOKENS)
+                        + " (never the environment)",
+                    )
+                )
+    return errors
+
+
 def _file_rules(doc: YamlDocument, spec: SpecFile, tokens: Mapping[str, str]) -> list[FileRules]:
     suite = spec.test_suite_config
     out: list[FileRules] = []
@@ -313,24 +334,32 @@ def _conflicting_modes(files: list[FileRules]) -> list[SpecError]:
     return errors
 
 
-def spec_tokens(upstream: Path | None) -> dict[str, str]:
-    """Values for ``${TOKEN}`` in paths: the environment, with TORCH_ROOT from ``upstream``."""
-    tokens = {k: v for k, v in os.environ.items() if v}
+def spec_tokens(
+    upstream: Path | None, spec_file: Path | None = None, backend: str | None = None
+) -> dict[str, str]:
+    """Values for ``${TOKEN}`` in one spec file's paths (:data:`SPEC_TOKENS`, no others)."""
+    tokens: dict[str, str] = {}
     if upstream is not None:
         tokens["TORCH_ROOT"] = str(upstream.resolve())
+    if spec_file is not None:
+        tokens["SPEC_DIR"] = str(spec_file.resolve().parent)
+    if backend is not None:
+        tokens["BACKEND"] = backend
     return tokens
 
 
-def load_specs(paths: Sequence[Path], upstream: Path | None = None) -> LoadedSpec:
+def load_specs(
+    paths: Sequence[Path], upstream: Path | None = None, backend: str | None = None
+) -> LoadedSpec:
     """Read and merge spec files; raise :class:`SpecErrors` listing every problem.
 
     Structure and values are always checked. Paths are resolved when an
     upstream tree is given (or ``TORCH_ROOT`` is set); checking them against
     that tree is :func:`reuse_specs.upstream_check.check_against_upstream`.
+    ``backend`` fills ``${BACKEND}``.
     """
-    if upstream is None and os.environ.get("TORCH_ROOT"):
+    if upstream is None and os.environ.get("TORCH_ROOT"):  # torch-spyre's convention
         upstream = Path(os.environ["TORCH_ROOT"])
-    tokens = spec_tokens(upstream)
     errors: list[SpecError] = []
     files: list[FileRules] = []
     labels: dict[str, None] = {}
@@ -353,7 +382,11 @@ def load_specs(paths: Sequence[Path], upstream: Path | None = None) -> LoadedSpe
         except ValidationError as exc:
             errors.extend(_validation_errors(exc, doc))
             continue
-        files.extend(_file_rules(doc, spec, tokens))
+        unknown = _unknown_tokens(doc, spec)
+        if unknown:
+            errors.extend(unknown)
+            continue
+        files.extend(_file_rules(doc, spec, spec_tokens(upstream, Path(path), backend)))
         labels.update(dict.fromkeys(spec.test_suite_config.labels))
         opaque.extend(_opaque_locations(doc))
     errors.extend(_conflicting_globals(files))

@@ -74,7 +74,9 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         backend = get_backend(config.getoption("reuse_backend"))
         spec = load_specs(
-            [Path(p) for p in spec_paths], Path(upstream_opt) if upstream_opt else None
+            [Path(p) for p in spec_paths],
+            Path(upstream_opt) if upstream_opt else None,
+            backend.name,
         )
     except (SpecErrors, UnknownBackend) as exc:
         raise pytest.UsageError(str(exc)) from None

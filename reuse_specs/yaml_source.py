@@ -25,6 +25,9 @@ MAX_SPEC_BYTES = 4 * 1024 * 1024
 MAX_EXPANDED_NODES = 200_000
 """Upper bound on nodes after alias expansion (a billion-laughs guard)."""
 
+MAX_DEPTH = 64
+"""Nesting limit: a spec is about eight levels deep; thousands would exhaust the stack."""
+
 _SAFE_SCALAR_TAGS = {
     "tag:yaml.org,2002:str",
     "tag:yaml.org,2002:int",
@@ -88,24 +91,46 @@ def _decode(raw: bytes, file: str) -> str:
 
 
 def _check_expansion(root: Node, file: str) -> None:
-    """Reject recursive aliases and alias graphs that expand past the limit."""
-    sizes: dict[int, int] = {}
+    """Reject recursive aliases, alias graphs that expand past the limit, and nesting
+    deeper than :data:`MAX_DEPTH` once aliases are expanded (before anything recurses over
+    the data)."""
+    seen: dict[int, tuple[int, int]] = {}  # node -> (expanded size, height below it)
     on_stack: set[int] = set()
 
-    def size(node: Node) -> int:
+    def too_deep(node: Node) -> SpecErrors:
+        return SpecErrors(
+            [
+                SpecError(
+                    SourceLocation(file, *_mark(node)),
+                    f"nested deeper than {MAX_DEPTH} levels; a spec needs about eight",
+                )
+            ]
+        )
+
+    def measure(node: Node, depth: int) -> tuple[int, int]:
+        if depth > MAX_DEPTH:
+            raise too_deep(node)
         key = id(node)
-        if key in sizes:
-            return sizes[key]
+        if key in seen:  # an alias: its subtree again, maybe deeper than where it was seen
+            total, height = seen[key]
+            if depth + height > MAX_DEPTH:
+                raise too_deep(node)
+            return total, height
         if key in on_stack:
             raise SpecErrors(
                 [SpecError(SourceLocation(file, *_mark(node)), "recursive YAML alias")]
             )
         on_stack.add(key)
-        total = 1
+        children: list[Node] = []
         if isinstance(node, SequenceNode):
-            total += sum(size(child) for child in node.value)
+            children = list(node.value)
         elif isinstance(node, MappingNode):
-            total += sum(size(k) + size(v) for k, v in node.value)
+            children = [part for pair in node.value for part in pair]
+        total, height = 1, 0
+        for child in children:
+            size, below = measure(child, depth + 1)
+            total += size
+            height = max(height, below + 1)
         on_stack.discard(key)
         if total > MAX_EXPANDED_NODES:
             raise SpecErrors(
@@ -117,10 +142,10 @@ def _check_expansion(root: Node, file: str) -> None:
                     )
                 ]
             )
-        sizes[key] = total
-        return total
+        seen[key] = (total, height)
+        return total, height
 
-    size(root)
+    measure(root, 0)
 
 
 class _Builder:

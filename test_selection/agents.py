@@ -272,13 +272,9 @@ def agent_by_name(
     if name == "local":
         return local
     if name == "llm":
-        url = llm_url or os.environ.get("CI_RELAY_LLM_URL")
-        model = llm_model or os.environ.get("CI_RELAY_LLM_MODEL")
-        if not url or not model:
+        if not llm_url or not llm_model:
             raise ValueError(
                 "the llm agent needs a URL and a model (CI_RELAY_LLM_URL, CI_RELAY_LLM_MODEL)"
             )
-        return LLMAgent(
-            url, model, api_key or os.environ.get("CI_RELAY_LLM_API_KEY"), fallback=local
-        )
+        return LLMAgent(llm_url, llm_model, api_key, fallback=local)
     raise ValueError(f"unknown agent {name!r} (local, llm, none)")

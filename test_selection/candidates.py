@@ -185,7 +185,14 @@ class CoChange:
         if key not in self._cache:
             try:
                 text = repo.text(
-                    "log", "--no-merges", "--name-only", "--format=%x01", f"-n{limit}", base
+                    "log",
+                    "--no-merges",
+                    "--name-only",
+                    "--format=%x01",
+                    f"-n{limit}",
+                    "--end-of-options",
+                    base,
+                    "--",
                 )
             except GitError:
                 text = ""

@@ -154,7 +154,9 @@ def analyze(
     """Compare ``base`` and ``head``; ``exclude`` hides paths (select-eval hides test edits)."""
     base_sha, head_sha = repo.resolve(base), repo.resolve(head)
     exclude = exclude or set()
-    status_text = repo.text("diff", "--name-status", "-M", "-z", base_sha, head_sha)
+    status_text = repo.text(
+        "diff", "--name-status", "-M", "-z", "--end-of-options", base_sha, head_sha
+    )
     fields = [f for f in status_text.split("\0") if f]
     files: dict[str, FileChange] = {}
     i = 0
@@ -177,12 +179,16 @@ def analyze(
             f"{len(files)} files changed: more than {MAX_FILES}, so symbols were not compared"
         )
         return analysis
-    for line in repo.text("diff", "--numstat", "-z", base_sha, head_sha).split("\0"):
+    for line in repo.text("diff", "--numstat", "-z", "--end-of-options", base_sha, head_sha).split(
+        "\0"
+    ):
         parts = line.split("\t")
         if len(parts) >= 3 and parts[0] == "-" and parts[2] in files:
             files[parts[2]].binary = True
     diff = _parse_diff(
-        repo.text("diff", "-U0", "-M", "--no-color", base_sha, head_sha, "--", *files)
+        repo.text(
+            "diff", "-U0", "-M", "--no-color", "--end-of-options", base_sha, head_sha, "--", *files
+        )
     )
     for path, change in files.items():
         parsed = diff.get(path) or (diff.get(change.old_path) if change.old_path else None)

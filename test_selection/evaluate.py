@@ -87,7 +87,7 @@ def evaluate(
     progress: Callable[[int, int, str], None] | None = None,
 ) -> EvalReport:
     repo = Repo(upstream)
-    shas = repo.text("rev-list", "--no-merges", "--reverse", commits).split()
+    shas = repo.text("rev-list", "--no-merges", "--reverse", "--end-of-options", commits).split()
     report = EvalReport(commits_seen=len(shas))
     candidates = []
     for sha in shas:

@@ -1,4 +1,9 @@
-"""Reading a git repository without checking anything out."""
+"""Reading a git repository without checking anything out.
+
+Revisions may come from a person or a webhook: every command that takes one puts it after
+``--end-of-options``, so a value that starts with ``-`` is never read as an option, and git
+runs without a shell.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +37,9 @@ class Repo:
     def resolve(self, rev: str) -> str:
         """Full sha of a commit; a clear error for unknown revisions and shallow clones."""
         try:
-            return self.text("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
+            return self.text(
+                "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}"
+            ).strip()
         except GitError:
             shallow = (self.path / ".git" / "shallow").exists() or self.text(
                 "rev-parse", "--is-shallow-repository"
@@ -45,12 +52,13 @@ class Repo:
             raise GitError(f"unknown revision {rev!r} in {self.path}{hint}") from None
 
     def tree_id(self, rev: str) -> str:
-        return self.text("rev-parse", f"{rev}^{{tree}}").strip()
+        return self.text("rev-parse", "--verify", "--end-of-options", f"{rev}^{{tree}}").strip()
 
     def ls_tree(self, rev: str) -> dict[str, str]:
         """path -> blob sha for every file at ``rev``."""
         out: dict[str, str] = {}
-        for line in self.run("ls-tree", "-r", "-z", "--full-tree", rev).split(b"\0"):
+        listing = self.run("ls-tree", "-r", "-z", "--full-tree", "--end-of-options", rev)
+        for line in listing.split(b"\0"):
             if not line:
                 continue
             meta, _, path = line.partition(b"\t")
@@ -79,6 +87,6 @@ class Repo:
 
     def show(self, rev: str, path: str) -> bytes | None:
         try:
-            return self.run("show", f"{rev}:{path}")
+            return self.run("show", "--end-of-options", f"{rev}:{path}")
         except GitError:
             return None

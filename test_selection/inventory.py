@@ -187,10 +187,9 @@ def is_test_path(path: str, patterns: tuple[str, ...] = DEFAULT_PATTERNS) -> boo
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("CI_RELAY_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ci-relay"
-    )
-    return Path(base)
+    """Where caches go when the caller names no folder: the user's cache folder (XDG)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "ci-relay"
 
 
 class InventoryCache:

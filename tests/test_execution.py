@@ -1,15 +1,30 @@
-"""Shards in real sandboxes (bubblewrap): faults cost one test, never the shard's results."""
+"""Shards in real sandboxes (bubblewrap) and containers (Podman): faults cost one test, never
+the shard's results, and hostile tests (privileges, writes, secrets, network, disk, fork
+bomb) fail or are killed without getting out."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import secrets
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from ci_relay.execution.runtimes import Limits, LocalRuntime, RuntimeUnavailable, get_runtime
+from ci_relay.execution import runtimes
+from ci_relay.execution.runtimes import (
+    MAX_OUTPUT_BYTES,
+    Invocation,
+    Limits,
+    LocalRuntime,
+    RuntimeOptions,
+    RuntimeUnavailable,
+    SandboxRuntime,
+    get_runtime,
+    scratch_usage,
+)
 from ci_relay.execution.shard import ShardReport, ShardRequest, run_shard
 from tests.conftest import CliResult
 
@@ -32,7 +47,67 @@ NAMES = [
     "test_h_memory",
     "test_i_flaky",
     "test_j_ok",
+    "test_k_raise_privileges",
+    "test_l_ok",
+    "test_m_write_outside_scratch",
+    "test_n_ok",
+    "test_o_read_worker_secrets",
+    "test_p_ok",
+    "test_q_reach_the_network",
+    "test_r_ok",
 ]
+ESCAPE_NAMES = [  # a shard of their own, with a 64 MB scratch quota
+    "test_s_disk_one_file",
+    "test_t_ok_scratch_freed",
+    "test_u_disk_many_files",
+    "test_v_ok_scratch_freed",
+    "test_w_disk_deleted_files",
+    "test_x_ok_scratch_freed",
+    "test_y_file_past_its_limit",
+    "test_z_ok",
+    "test_za_fork_bomb",
+    "test_zb_ok_after_fork_bomb",
+]
+ESCAPE_QUOTA_MB = 64
+ESCAPE_TIMEOUT = 20
+SECRET = f"ci-relay-test-secret-{secrets.token_hex(8)}"  # known to the worker only
+
+
+class Faults:
+    """A copy of the fault suite's upstream, plus the worker's own secrets: a root-owned 0600
+    settings file under /etc (bound into the sandbox), a token file and a data folder inside
+    the upstream tree (bound into both runtimes), all hidden from the runtime."""
+
+    def __init__(self, root: Path, runtime: str) -> None:
+        self.upstream = root / "up"
+        shutil.copytree(FAULTS, self.upstream)
+        self.spec = root / "spec.yaml"
+        self.spec.write_text(SPEC)
+        etc = Path(f"/etc/ci-relay-faults-{runtime}")
+        self.settings_dir = etc if os.geteuid() == 0 else root / "etc"
+        self.settings_dir.mkdir(mode=0o700, exist_ok=True)
+        self.settings = self.settings_dir / "settings.env"
+        self.settings.write_text(f"CI_RELAY_WEBHOOK_SECRET={SECRET}\n")
+        self.settings.chmod(0o600)
+        self.token = self.upstream / "test" / ".worker-token"
+        self.token.write_text(SECRET)
+        self.token.chmod(0o644)  # readable by anyone: only the mask keeps it from a test
+        self.data = self.upstream / "test" / ".relay-data"
+        self.data.mkdir()
+        (self.data / "key.pem").write_text(SECRET)
+        self.hidden = (self.settings, self.token, self.data)
+
+    def env(self) -> dict[str, str]:
+        return {
+            "FAULTS_SECRET_PATHS": os.pathsep.join(
+                str(p) for p in (self.settings, self.token, self.data / "key.pem")
+            ),
+            "FAULTS_WORKER_HOME": str(Path.home()),
+            "FAULTS_SCRATCH_MB": str(ESCAPE_QUOTA_MB),
+        }
+
+    def remove(self) -> None:
+        shutil.rmtree(self.settings_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module", params=["sandbox", "container"])
@@ -40,24 +115,46 @@ def sandbox_report(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> ShardReport:
     """The fault suite in each isolating runtime (the container one on Podman, for real)."""
-    root = tmp_path_factory.mktemp(f"faults-{request.param}")
-    upstream = root / "up"
-    shutil.copytree(FAULTS, upstream)
-    spec = root / "spec.yaml"
-    spec.write_text(SPEC)
+    faults = Faults(tmp_path_factory.mktemp(f"faults-{request.param}"), request.param)
     os.environ["MY_SECRET"] = "worker-secret"  # in the worker's environment, never the shard's
     try:
         shard = ShardRequest(
             tests=[f"test/test_faults.py::TestFaults::{n}" for n in NAMES],
-            specs=[spec],
-            upstream=upstream,
-            scratch=root / "scratch",
+            specs=[faults.spec],
+            upstream=faults.upstream,
+            scratch=faults.upstream.parent / "scratch",
             per_test_timeout=10,
             limits=Limits(memory_mb=1536, pids=256, wall_seconds=600),
+            env=faults.env(),
         )
-        return run_shard(get_runtime(request.param), shard)
+        runtime = get_runtime(request.param, options=RuntimeOptions(hidden=faults.hidden))
+        return run_shard(runtime, shard)
     finally:
         del os.environ["MY_SECRET"]
+        faults.remove()
+
+
+@pytest.fixture(scope="module", params=["sandbox", "container"])
+def escape_report(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ShardReport, Path]]:
+    """Disk filling and a fork bomb, in a shard with a 64 MB scratch quota; and its scratch."""
+    name = f"escape-{request.param}"
+    faults = Faults(tmp_path_factory.mktemp(name), name)
+    scratch = faults.upstream.parent / "scratch"
+    try:
+        shard = ShardRequest(
+            tests=[f"test/test_faults.py::TestFaults::{n}" for n in ESCAPE_NAMES],
+            specs=[faults.spec],
+            upstream=faults.upstream,
+            scratch=scratch,
+            per_test_timeout=ESCAPE_TIMEOUT,
+            limits=Limits(memory_mb=1536, pids=128, wall_seconds=900, scratch_mb=ESCAPE_QUOTA_MB),
+            env=faults.env(),
+        )
+        yield run_shard(get_runtime(request.param), shard), scratch
+    finally:
+        faults.remove()
 
 
 def _outcome(report: ShardReport, name: str) -> tuple[str, str]:
@@ -102,6 +199,180 @@ def test_memory_limit_stops_the_allocation(sandbox_report: ShardReport) -> None:
 def test_failures_are_rerun_once_to_find_flakes(sandbox_report: ShardReport) -> None:
     record = sandbox_report.results["test/test_faults.py::TestFaults::test_i_flaky"]
     assert record.outcome == "passed" and record.flaky and "flaky" in record.message
+
+
+def _refused(report: ShardReport, name: str) -> str:
+    """A hostile test's message; it must have failed (every attempt refused) and the plain
+    test after it passed."""
+    outcome, message = _outcome(report, name)
+    assert outcome == "failed", (name, outcome, message)
+    following = NAMES[NAMES.index(name) + 1]
+    assert _outcome(report, following)[0] == "passed", following
+    return message
+
+
+def test_no_privileges_to_gain(sandbox_report: ShardReport) -> None:
+    message = _refused(sandbox_report, "test_k_raise_privileges")
+    assert message.startswith(
+        "AssertionError: refused: setuid EPERM, setgid EPERM, setgroups EPERM, chroot EPERM; uid "
+    )
+    assert "uid 0;" not in message
+    for field in ("CapEff", "CapPrm", "CapBnd"):
+        assert f"{field} 0000000000000000" in message
+    assert "NoNewPrivs 1" in message
+
+
+def test_nothing_outside_scratch_is_writable(sandbox_report: ShardReport) -> None:
+    message = _refused(sandbox_report, "test_m_write_outside_scratch")
+    targets = message.removeprefix("AssertionError: refused: ").split(", ")
+    assert [t.split()[0] for t in targets] == ["etc", "upstream", "home", "python", "usr"]
+    assert all(t.split()[1] in ("EROFS", "EACCES") for t in targets), message
+    assert dict(t.split() for t in targets)["upstream"] == "EROFS"
+    for planted in (
+        Path("/etc/ci-relay-planted"),
+        Path.home() / "ci-relay-planted",
+        Path("/usr/lib/ci-relay-planted"),
+    ):
+        assert not planted.exists()
+    torch = importlib.util.find_spec("torch")
+    assert torch is not None and torch.origin is not None
+    assert not (Path(torch.origin).parent / "planted.py").exists()
+    assert not (FAULTS / "test" / "planted.py").exists()
+
+
+def test_the_workers_secrets_stay_unreadable(
+    sandbox_report: ShardReport, request: pytest.FixtureRequest
+) -> None:
+    message = _refused(sandbox_report, "test_o_read_worker_secrets")
+    items = message.removeprefix("AssertionError: read: ").split(", ")
+    read = dict(item.split(" ", 1) for item in items[:4])
+    sandbox = request.node.callspec.params["sandbox_report"] == "sandbox"
+    # /dev/null over it: bwrap binds it nodev (EACCES, though the file is 0644), Podman not
+    assert read[".worker-token"] == ("EACCES" if sandbox else "0 bytes"), message
+    # in /etc, which the sandbox binds (masked); not in the container's image
+    assert read["settings.env"] == ("EACCES" if sandbox else "ENOENT"), message
+    # an empty folder over the data folder: root's 0700 tmpfs, or an empty bind
+    assert read["key.pem"] == ("EACCES" if sandbox else "ENOENT"), message
+    assert read["pyproject.toml"] == "ENOENT", message  # the repository is not bound
+    assert "environ " in message and "readable" in message
+    everything = [r.message + r.details for r in sandbox_report.results.values()]
+    everything += sandbox_report.log
+    for text in everything:
+        assert SECRET not in text and "worker-secret" not in text
+
+
+def test_no_network_and_no_engine_socket(sandbox_report: ShardReport) -> None:
+    message = _refused(sandbox_report, "test_q_reach_the_network")
+    assert message == (
+        "AssertionError: refused: gateway none, redis ECONNREFUSED, podman ENOENT, "
+        "outside ENETUNREACH"
+    )
+
+
+def _escape(report: ShardReport, name: str) -> tuple[str, str, str]:
+    record = report.results[f"test/test_faults.py::TestFaults::{name}"]
+    return record.outcome, record.message, record.details
+
+
+def test_every_escape_test_has_a_result(escape_report: tuple[ShardReport, Path]) -> None:
+    report, _scratch = escape_report
+    assert sorted(n.rsplit("::", 1)[1] for n in report.results) == ESCAPE_NAMES
+    assert report.error is None
+    for name in ESCAPE_NAMES:
+        if "_ok" in name:  # each after a hostile test: it still runs, and passes
+            outcome, message, details = _escape(report, name)
+            assert outcome == "passed", (name, message, details)
+
+
+def test_filling_the_disk_is_stopped_and_the_space_freed(
+    escape_report: tuple[ShardReport, Path],
+) -> None:
+    report, scratch = escape_report
+    quota_kill = (
+        f"the test wrote more than {ESCAPE_QUOTA_MB} MB to its scratch folder and was killed"
+    )
+    for name in ("test_s_disk_one_file", "test_u_disk_many_files", "test_w_disk_deleted_files"):
+        outcome, message, details = _escape(report, name)
+        assert (outcome, message) == ("crashed", quota_kill), (name, details)
+    outcome, message, _details = _escape(report, "test_y_file_past_its_limit")
+    assert outcome == "failed" and "[Errno 27] File too large" in message
+    used, _entries = scratch_usage(scratch)
+    assert used < 4 * 1024 * 1024  # the writers' files are gone
+    assert {p.name for p in scratch.iterdir()} >= {"work", "specs", "progress-1.jsonl"}
+
+
+def test_a_fork_bomb_is_contained(escape_report: tuple[ShardReport, Path]) -> None:
+    report, _scratch = escape_report
+    outcome, message, details = _escape(report, "test_za_fork_bomb")
+    assert outcome == "crashed" and f"longer than its {ESCAPE_TIMEOUT}s timeout" in message
+    assert "in test_za_fork_bomb" in details  # refused and holding on: killed at its timeout
+    assert _escape(report, "test_zb_ok_after_fork_bomb")[0] == "passed"  # none left over
+
+
+@pytest.mark.parametrize("name", ["sandbox", "container"])
+def test_output_is_bounded(name: str, tmp_path: Path) -> None:
+    """A process printing 64 MB: the runtime keeps its head and its tail, no more."""
+    runtime = get_runtime(name)
+    upstream = tmp_path / "up"
+    upstream.mkdir()
+    upstream.chmod(0o755)
+    code = (
+        "import sys\n"
+        "sys.stdout.write('FIRST LINE\\n')\n"
+        "for i in range(64 * 1024):\n"
+        "    sys.stdout.write(f'{i:08d}' + 'x' * 1015 + '\\n')\n"
+        "sys.stdout.write('LAST LINE\\n')\n"
+        "sys.exit(3)\n"
+    )
+    done = runtime.run(Invocation([runtime.python, "-c", code], upstream, tmp_path / "scratch"))
+    assert done.returncode == 3 and not done.timed_out and done.killed_for is None
+    assert len(done.output.encode()) <= MAX_OUTPUT_BYTES + 100
+    assert "bytes of output cut]" in done.output
+    assert done.output.endswith("LAST LINE\n")
+    if name == "sandbox":  # the container engine keeps only its last megabytes itself
+        assert done.output.startswith("FIRST LINE\n00000000x")
+
+
+def test_sandbox_binds_only_what_the_child_needs(tmp_path: Path) -> None:
+    hidden = Path("/etc/hostname") if Path("/etc/hostname").is_file() else Path("/etc/passwd")
+    runtime = SandboxRuntime(uid=65534, gid=65534, hidden=[hidden, tmp_path / "elsewhere"])
+    inv = Invocation(["python"], tmp_path / "up", tmp_path / "scratch")
+    argv = runtime.command(inv, {"PATH": "/usr/bin"})
+    pairs = list(zip(argv, argv[1:], argv[2:], strict=False))
+    binds = {(a, b) for flag, a, b in pairs if flag in ("--ro-bind", "--bind") and a == b}
+    assert ("/", "/") not in binds and ("/usr", "/usr") in binds and ("/etc", "/etc") in binds
+    assert (str(tmp_path / "scratch"),) * 2 in binds and (str(tmp_path / "up"),) * 2 in binds
+    repo = Path(runtimes.__file__).resolve().parents[2]
+    assert (str(repo),) * 2 not in binds  # the repository (with .ci-relay/) is not bound
+    assert (str(repo / "ci_relay"),) * 2 in binds  # only the packages the child imports
+    assert ("--ro-bind", "/dev/null", str(hidden)) in pairs  # masked
+    assert str(tmp_path / "elsewhere") not in argv  # not under a bound folder: nothing to mask
+    assert "--clearenv" in argv and "--unshare-net" in argv and "--die-with-parent" in argv
+    if os.geteuid() == 0:
+        assert argv[argv.index("--cap-drop") + 1] == "ALL"
+        tail = argv[argv.index("--") + 1 :]
+        assert tail[0].endswith("setpriv") and "--reuid=65534" in tail
+        assert "--bounding-set=-all" in tail and "--inh-caps=-all" in tail
+    prlimit = argv[argv.index("--fsize=2147483648") - 3 :]
+    assert prlimit[0].endswith("prlimit") and "--core=0" in prlimit
+
+
+def test_sandbox_refuses_without_its_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_which = shutil.which
+    for tool, why in (("bwrap", "bubblewrap is not installed"), ("prlimit", "prlimit is missing")):
+        monkeypatch.setattr(
+            runtimes.shutil, "which", lambda name, t=tool: None if name == t else real_which(name)
+        )
+        with pytest.raises(RuntimeUnavailable, match=why):
+            SandboxRuntime().check()
+    if os.geteuid() == 0:
+        monkeypatch.setattr(
+            runtimes.shutil, "which", lambda name: None if name == "setpriv" else real_which(name)
+        )
+        with pytest.raises(RuntimeUnavailable, match="setpriv is missing"):
+            SandboxRuntime().check()
+        with pytest.raises(RuntimeUnavailable, match="must not be root"):
+            SandboxRuntime(uid=0)
 
 
 def test_local_runtime_also_survives_a_crash(tmp_path: Path) -> None:

@@ -782,7 +782,11 @@ def test_dispatch_info_says_when_nothing_runs(cli: Cli, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("changes", "option", "message"),
     [
-        ({"pull_request__head__sha": "ec26c3e\nrepository=evil/repo"}, (), "head sha"),
+        (
+            {"pull_request__head__sha": "ec26c3e\nrepository=evil/repo"},
+            (),
+            "payload field pull_request.head.sha: not a commit id",
+        ),
         ({}, ("--repository", "pytorch/pytorch"), "not 'pytorch/pytorch'"),
     ],
 )

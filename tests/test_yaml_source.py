@@ -104,3 +104,18 @@ def test_empty_missing_and_oversized_files(tmp_path: Path) -> None:
     big = tmp_path / "big.yaml"
     big.write_bytes(b"a: " + b"x" * MAX_SPEC_BYTES + b"\n")
     assert "spec files are limited" in _errors(big)[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("a: " + "[" * 5000 + "]" * 5000 + "\n", "1:"),  # found by the spec loader fuzzing
+        ("a: &a " + "[" * 40 + "x" + "]" * 40 + "\nb: " + "[" * 40 + "*a" + "]" * 40 + "\n", "1:"),
+    ],
+    ids=["deep", "deep-through-an-alias"],
+)
+def test_deep_nesting_is_refused_not_a_crash(tmp_path: Path, text: str, where: str) -> None:
+    path = tmp_path / "deep.yaml"
+    path.write_text(text, encoding="utf-8")
+    (error,) = _errors(path)
+    assert error.startswith(f"{path}:{where}") and "nested deeper than 64 levels" in error

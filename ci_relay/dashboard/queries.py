@@ -340,6 +340,8 @@ def _shards(session: Session, run_ids: list[int]) -> dict[tuple[int, int], Shard
             Shard.started_at,
             Shard.finished_at,
             Shard.log_tail,
+            Shard.runtime,
+            Shard.error,
         ).where(Shard.run_id.in_(run_ids))
     ).all()
     return {
@@ -353,6 +355,8 @@ def _shards(session: Session, run_ids: list[int]) -> dict[tuple[int, int], Shard
             started_at=r.started_at,
             finished_at=r.finished_at,
             log_tail=r.log_tail,
+            runtime=r.runtime,
+            error=r.error,
         )
         for r in rows
     }

@@ -116,6 +116,8 @@ class ShardInfo:
     started_at: datetime | None
     finished_at: datetime | None
     log_tail: str | None
+    runtime: str | None = None  # container | sandbox | local (not isolated)
+    error: str | None = None  # why the shard itself failed (no runtime, no checkout, ...)
 
 
 @dataclass(frozen=True)

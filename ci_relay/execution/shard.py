@@ -7,13 +7,21 @@ crashed, with the reason and the stack ``faulthandler`` printed as it died, and
 the child is started again for the tests not yet run, as PyTorch's ``run_test``
 does. Failures of must-pass tests are rerun once: a pass then marks the test
 flaky rather than broken.
+
+The runtime kills a child whose scratch folder goes over its quota: the running
+test is recorded as crashed, the test-writable part of scratch is wiped (the
+runner's own files stay) and the next test runs. The runner never follows what
+the child may have left in scratch (a symlink where its own file goes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import signal
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +32,8 @@ from ci_relay.spec_run import TestOutcome
 
 FATAL = "Fatal Python error"  # how faulthandler starts the stack it prints on a fatal signal
 OUTPUT_TAIL_BYTES = 4000  # of a dead process's output, when it printed no stack
+MAX_PROGRESS_BYTES = 256 * 1024 * 1024  # of a progress log read back (its end, if longer)
+RUNNER_FILES = ("tests-", "deselect-", "progress-")  # + specs/: what a wipe of scratch keeps
 
 
 @dataclass
@@ -52,6 +62,8 @@ class ShardReport:
 
 
 def _why(done: Completed, timeout: float, progress_text: str) -> str:
+    if done.killed_for:
+        return f"the test {done.killed_for} and was killed"
     if done.timed_out:
         return "the shard hit its wall-clock limit"
     if "Timeout (" in progress_text:  # faulthandler's watchdog wrote the stuck stack
@@ -98,6 +110,61 @@ def _read_events(text: str) -> list[dict[str, object]]:
     return events
 
 
+def _write(path: Path, data: bytes) -> None:
+    """A fresh file of the runner's: whatever is at ``path`` (a symlink the child planted,
+    say) is removed, never written through."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    path.chmod(0o644)  # readable by the child's user whatever the worker's umask
+
+
+def _read_progress(path: Path) -> str:
+    """The progress log the child wrote: a regular file only (not a FIFO or a symlink it
+    put there instead), at most its last MAX_PROGRESS_BYTES."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as log:
+        info = os.fstat(log.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        if info.st_size > MAX_PROGRESS_BYTES:
+            log.seek(info.st_size - MAX_PROGRESS_BYTES)
+        return log.read(MAX_PROGRESS_BYTES).decode(errors="replace")
+
+
+def free_scratch(scratch: Path) -> None:
+    """After a child went over its disk quota: everything it could write goes (its work
+    folder, with HOME and TMPDIR), the runner's own files (tests-*, deselect-*,
+    progress-*, specs/) stay. rmtree never follows a symlink out of scratch."""
+    for entry in list(scratch.iterdir()) if scratch.is_dir() else []:
+        own = entry.name.startswith(RUNNER_FILES) or entry.name == "specs"
+        if own and not entry.is_symlink():
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, onerror=_unlock)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+
+
+def _unlock(func: object, path: str, _exc: object) -> None:
+    """rmtree's error hook: a folder the child made unwritable to its owner (a worker that
+    is not root); allow it, and try again once."""
+    parent = os.path.dirname(path)
+    with contextlib.suppress(OSError):
+        os.chmod(parent, 0o700)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+
+
 def _command(
     python: str,
     specs: list[Path],
@@ -121,14 +188,17 @@ def _attempt(
     scratch.mkdir(parents=True, exist_ok=True)
     tests_file, deselect_file = scratch / f"tests-{n}.txt", scratch / f"deselect-{n}.txt"
     progress = scratch / f"progress-{n}.jsonl"
-    tests_file.write_text("\n".join(tests) + "\n")
-    deselect_file.write_text("\n".join(sorted(skip)) + "\n")
+    _write(tests_file, ("\n".join(tests) + "\n").encode())
+    _write(deselect_file, ("\n".join(sorted(skip)) + "\n").encode())
     specs_dir = scratch / "specs"  # copies: the runtime sees only upstream and scratch
+    if specs_dir.is_symlink() or (specs_dir.exists() and not specs_dir.is_dir()):
+        specs_dir.unlink()
     specs_dir.mkdir(exist_ok=True)
+    specs_dir.chmod(0o755)
     specs = []
     for i, spec in enumerate(request.specs):
         copy = specs_dir / f"{i}-{spec.name}"
-        shutil.copyfile(spec, copy)
+        _write(copy, spec.read_bytes())
         specs.append(copy)
     done = runtime.run(
         Invocation(
@@ -137,9 +207,12 @@ def _attempt(
             scratch,
             request.env,
             request.limits,
+            outputs=(progress,),
         )
     )
-    text = progress.read_text(errors="replace") if progress.exists() else ""
+    text = _read_progress(progress)
+    if done.killed_for:
+        free_scratch(scratch)  # over quota: the next process starts with its space back
     return done, _read_events(text), text
 
 
@@ -167,6 +240,11 @@ def run_shard(runtime: Runtime, request: ShardRequest, max_processes: int = 50) 
                 skip.add(nodeid)
             elif event["event"] == "end":
                 running = None
+        if running is None and done.killed_for:
+            if events:
+                continue  # killed between two tests: the rest go on in a new process
+            report.error = f"the shard's process {done.killed_for} before it ran a test"
+            break
         if running is None:
             if done.returncode not in (0, 1, 4) and not events:
                 report.error = f"the shard could not start tests (exit {done.returncode})"

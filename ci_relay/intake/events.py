@@ -1,15 +1,29 @@
 """What a GitHub event payload means for the relay: a change to test, or nothing.
 
-Only the few fields the relay needs are read, with pydantic models that
-ignore the rest, so GitHub adding fields never breaks intake.
+Only the few fields the relay needs are read, with pydantic models that ignore the rest,
+so GitHub adding fields never breaks intake. Those fields are attacker-controlled (anyone
+who can open a pull request writes them): each is checked against the shape of its
+identifier (:mod:`ci_relay.identifiers`) and a payload with a bad one is refused whole,
+naming the field, before anything is stored.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, Strict, ValidationError
+
+from ci_relay.identifiers import (
+    MAX_LABELS,
+    ActionName,
+    CommitId,
+    GitRef,
+    LabelName,
+    PullRequestNumber,
+    RepositoryName,
+    is_printable_action,
+)
 
 ZERO_SHA = "0" * 40
 
@@ -17,46 +31,71 @@ PR_ACTIONS_THAT_RUN = {"opened", "reopened", "synchronize", "labeled"}
 PR_ACTIONS = PR_ACTIONS_THAT_RUN | {"closed"}
 
 
+class InvalidPayload(ValueError):
+    """A field the relay reads is missing or has the wrong shape (the request is refused)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+    @classmethod
+    def from_validation(cls, exc: ValidationError, prefix: str = "") -> InvalidPayload:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if first["type"] == "missing":
+            message = "missing"
+        return cls(f"{prefix}{where}", message)
+
+
 class _Repo(BaseModel):
-    full_name: str
+    full_name: RepositoryName
+
+
+class _AnyEvent(BaseModel):
+    """What every event may carry and the relay stores: its action and repository."""
+
+    action: Any = None  # free text in some events (repository_dispatch): kept when printable
+    repository: _Repo | None = None
 
 
 class _Ref(BaseModel):
-    sha: str
-    ref: str | None = None
+    sha: CommitId
+    ref: GitRef | None = None
 
 
 class _Label(BaseModel):
-    name: str
+    name: LabelName
 
 
 class _PullRequest(BaseModel):
-    number: int
+    number: Annotated[PullRequestNumber, Strict()]
     head: _Ref
     base: _Ref
-    labels: list[_Label] = []
+    labels: list[_Label] = Field(default_factory=list, max_length=MAX_LABELS)
 
 
 class _PullRequestEvent(BaseModel):
-    action: str
+    action: ActionName
     pull_request: _PullRequest
     repository: _Repo
 
 
 class _PushEvent(BaseModel):
-    ref: str
-    before: str
-    after: str
+    ref: GitRef
+    before: CommitId
+    after: CommitId
     repository: _Repo
-    deleted: bool = False
+    deleted: Annotated[bool, Strict()] = False
 
 
 class _CheckSubject(BaseModel):
-    head_sha: str
+    head_sha: CommitId
 
 
 class _CheckRunEvent(BaseModel):
-    action: str
+    action: ActionName
     repository: _Repo
     check_run: _CheckSubject | None = None
     check_suite: _CheckSubject | None = None
@@ -88,10 +127,17 @@ class Interpretation:
 
 
 def summarize(event: str, payload: dict[str, Any]) -> Interpretation:
-    """Read an event payload; never raises on unexpected shapes (they become 'ignored')."""
-    action = payload.get("action") if isinstance(payload.get("action"), str) else None
-    repo = payload.get("repository")
-    repository = repo.get("full_name") if isinstance(repo, dict) else None
+    """Read an event payload: the change it asks for, or why it asks for nothing.
+
+    Raises :class:`InvalidPayload` when a field the relay reads is missing from a handled
+    event or has the wrong shape in any event.
+    """
+    try:
+        common = _AnyEvent.model_validate(payload)
+    except ValidationError as exc:
+        raise InvalidPayload.from_validation(exc) from None
+    action = common.action if is_printable_action(common.action) else None
+    repository = common.repository.full_name if common.repository else None
     try:
         if event == "pull_request":
             pr_event = _PullRequestEvent.model_validate(payload)
@@ -146,9 +192,5 @@ def summarize(event: str, payload: dict[str, Any]) -> Interpretation:
                 ChangeIntent(repository=check.repository.full_name, kind="rerun", head_sha=sha),
             )
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return Interpretation(
-            action, repository, None, None, f"{event} payload lacks {where}: {first['msg']}"
-        )
+        raise InvalidPayload.from_validation(exc) from None
     return Interpretation(action, repository, None, None, f"event {event} is not handled")

@@ -1,13 +1,15 @@
 """``POST /webhooks/github`` and ``POST /webhooks/dispatch``: verify, store raw, enqueue, 202.
 
-Rejected requests leave only an audit record. Accepted ones are stored before
-anything else happens, so a crash after the answer loses nothing: the
+Checks run in the order that costs a bad caller least: size (413, counted while
+streaming), signature or token (401), headers (400), JSON (400), then every field the
+relay will use (422 naming it: commit ids, repository, refs, labels, numbers). Rejected
+requests leave only a bounded audit record (:mod:`ci_relay.audit`). Accepted ones are
+stored before anything else happens, so a crash after the answer loses nothing: the
 reconciler finds the row.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -20,14 +22,25 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
-from ci_relay.intake.events import Interpretation, summarize
+from ci_relay.audit import AuditLog
+from ci_relay.identifiers import (
+    DeliveryId,
+    EventName,
+    InvalidIdentifier,
+)
+from ci_relay.identifiers import (
+    delivery_id as check_delivery_id,
+)
+from ci_relay.identifiers import event_name as check_event_name
+from ci_relay.identifiers import hook_id as check_hook_id
+from ci_relay.intake.events import Interpretation, InvalidPayload, summarize
 from ci_relay.intake.signature import verify
 from ci_relay.logs import delivery_context
 from ci_relay.metrics import Metrics
 from ci_relay.pipeline import Next
-from ci_relay.request_body import BodyTooLarge, read_body_at_most
+from ci_relay.request_body import BodyTooLarge, parse_json, read_body_at_most
 from ci_relay.runtime import Runtime
-from ci_relay.store.models import AuditRecord, Delivery, DeliveryState, utcnow
+from ci_relay.store.models import Delivery, DeliveryState, utcnow
 
 log = logging.getLogger("ci_relay.intake")
 
@@ -39,33 +52,62 @@ class DispatchEnvelope(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    event_type: str
-    delivery_id: str
+    event_type: EventName
+    delivery_id: DeliveryId
     payload: dict[str, Any]
 
 
-def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], None]) -> APIRouter:
+def _metric_event(event: str | None) -> str:
+    """A metric label: the events we know by name, anything else (caller-chosen) as one."""
+    if event is None:
+        return "unknown"
+    return event if event in HANDLED_EVENTS or event == "ping" else "other"
+
+
+def _github_headers(request: Request) -> tuple[str, str, str] | str:
+    """(event, delivery id, hook id) from GitHub's headers, or what is wrong with them."""
+    event = request.headers.get("x-github-event")
+    delivery = request.headers.get("x-github-delivery")
+    hook = request.headers.get("x-github-hook-id", "")
+    if not event or not delivery:
+        return f"missing header {'X-GitHub-Event' if not event else 'X-GitHub-Delivery'}"
+    for name, value, check in (
+        ("X-GitHub-Event", event, check_event_name),
+        ("X-GitHub-Delivery", delivery, check_delivery_id),
+        ("X-GitHub-Hook-ID", hook, check_hook_id),
+    ):
+        if value or name != "X-GitHub-Hook-ID":
+            try:
+                check(value)
+            except InvalidIdentifier as exc:
+                return f"header {name}: {exc}"
+    return event, delivery, hook
+
+
+def make_router(
+    rt: Runtime,
+    metrics: Metrics,
+    enqueue: Callable[[list[Next]], None],
+    audit_log: AuditLog,
+) -> APIRouter:
     router = APIRouter()
     settings = rt.settings
 
     def audit(request: Request, status: int, reason: str, event: str | None = None) -> None:
-        with rt.db.session() as session:
-            session.add(
-                AuditRecord(
-                    path=request.url.path,
-                    status=status,
-                    reason=reason,
-                    remote=request.client.host if request.client else None,
-                    event=event,
-                    delivery_id=request.headers.get("x-github-delivery"),
-                )
-            )
+        audit_log.record(
+            request.url.path,
+            status,
+            reason,
+            request.client.host if request.client else None,
+            event,
+            request.headers.get("x-github-delivery"),
+        )
 
     async def reject(
         request: Request, status: int, reason: str, event: str | None, started: float
     ) -> JSONResponse:
         await run_in_threadpool(audit, request, status, reason, event)
-        metrics.deliveries.labels(event or "unknown", f"rejected_{status}").inc()
+        metrics.deliveries.labels(_metric_event(event), f"rejected_{status}").inc()
         metrics.ack_seconds.observe(time.perf_counter() - started)
         log.warning("rejected %s: %s (%s)", request.url.path, reason, status)
         return JSONResponse({"error": reason}, status_code=status)
@@ -120,13 +162,17 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
         headers: dict[str, str],
         payload: dict[str, Any],
         started: float,
+        field_prefix: str = "",
     ) -> JSONResponse:
-        meaning = summarize(event, payload)
+        try:
+            meaning = summarize(event, payload)
+        except InvalidPayload as exc:
+            return await reject(request, 422, f"{field_prefix}{exc}", event, started)
         repository = meaning.repository
         if rt.policy.for_repository(repository) is None:
             reason = f"repository {repository} is not in the allowlist"
             await run_in_threadpool(audit, request, 202, reason, event)
-            metrics.deliveries.labels(event, "not_allowed").inc()
+            metrics.deliveries.labels(_metric_event(event), "not_allowed").inc()
             metrics.ack_seconds.observe(time.perf_counter() - started)
             log.info("delivery=%s event=%s ignored: %s", delivery_id, event, reason)
             return JSONResponse(
@@ -139,7 +185,7 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
         if state == DeliveryState.RECEIVED and not duplicate:
             await run_in_threadpool(enqueue, [Next("process", pk)])
         outcome = "duplicate" if duplicate else state
-        metrics.deliveries.labels(event, outcome).inc()
+        metrics.deliveries.labels(_metric_event(event), outcome).inc()
         metrics.ack_seconds.observe(time.perf_counter() - started)
         log.info("delivery=%s event=%s id=%s outcome=%s", delivery_id, event, pk, outcome)
         return JSONResponse(
@@ -166,13 +212,13 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
         if secret is not None and not verify(secret, body, signature):
             reason = "missing X-Hub-Signature-256" if not signature else "signature mismatch"
             return await reject(request, 401, reason, event, started)
-        delivery_id = request.headers.get("x-github-delivery")
-        if not event or not delivery_id:
-            missing = "X-GitHub-Event" if not event else "X-GitHub-Delivery"
-            return await reject(request, 400, f"missing header {missing}", event, started)
+        named = _github_headers(request)
+        if isinstance(named, str):
+            return await reject(request, 400, named, event, started)
+        event, delivery_id, hook_id = named
         try:
-            payload = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            payload = parse_json(body)
+        except ValueError as exc:  # bad UTF-8 or syntax, giant ints, nesting, surrogates
             return await reject(request, 400, f"body is not JSON: {exc}", event, started)
         if not isinstance(payload, dict):
             return await reject(request, 400, "body is not a JSON object", event, started)
@@ -181,20 +227,19 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
             for k, v in request.headers.items()
             if k.startswith("x-github-") or k in ("user-agent", "content-type")
         }
-        hook_id = request.headers.get("x-github-hook-id", "")
         if event == "ping":  # recorded (as ignored) and answered 200, as GitHub expects
+            try:
+                meaning = summarize(event, payload)
+            except InvalidPayload as exc:
+                return await reject(request, 422, str(exc), event, started)
             await run_in_threadpool(
-                store,
-                "github",
-                hook_id,
-                delivery_id,
-                event,
-                body,
-                headers,
-                summarize(event, payload),
+                store, "github", hook_id, delivery_id, event, body, headers, meaning
             )
             metrics.deliveries.labels("ping", "pong").inc()
-            return JSONResponse({"pong": True, "zen": payload.get("zen")}, status_code=200)
+            zen = payload.get("zen")
+            return JSONResponse(
+                {"pong": True, "zen": zen if isinstance(zen, str) else None}, status_code=200
+            )
         return await accept(
             request, "github", hook_id, delivery_id, event, body, headers, payload, started
         )
@@ -214,18 +259,16 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
             reason = "dispatch is disabled (no token set)" if token is None else "bad bearer token"
             return await reject(request, 401, reason, None, started)
         try:
-            data = json.loads(body)
+            data = parse_json(body)
+        except ValueError as exc:  # bad UTF-8 or syntax, giant ints, nesting, surrogates
+            return await reject(request, 400, f"body is not JSON: {exc}", None, started)
+        try:
             envelope = DispatchEnvelope.model_validate(
                 data.get("client_payload", data) if isinstance(data, dict) else data
             )
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return await reject(request, 400, f"body is not JSON: {exc}", None, started)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(p) for p in first["loc"]) or "body"
-            return await reject(
-                request, 422, f"envelope field {field}: {first['msg']}", None, started
-            )
+            problem = InvalidPayload.from_validation(exc)
+            return await reject(request, 422, f"envelope field {problem}", None, started)
         with delivery_context(envelope.delivery_id):
             return await accept(
                 request,
@@ -234,9 +277,10 @@ def make_router(rt: Runtime, metrics: Metrics, enqueue: Callable[[list[Next]], N
                 envelope.delivery_id,
                 envelope.event_type,
                 body,
-                {"user-agent": request.headers.get("user-agent", "")},
+                {"user-agent": request.headers.get("user-agent", "")[:256]},
                 envelope.payload,
                 started,
+                field_prefix="envelope field payload.",
             )
 
     return router

@@ -14,4 +14,5 @@ def verify(secret: str, body: bytes, header: str | None) -> bool:
     """Constant-time comparison; a missing or malformed header never verifies."""
     if not header or not header.startswith("sha256="):
         return False
-    return hmac.compare_digest(sign(secret, body), header)
+    # as bytes: compare_digest refuses str with non-ASCII characters (a header may have them)
+    return hmac.compare_digest(sign(secret, body).encode(), header.encode("utf-8", "replace"))

@@ -73,6 +73,8 @@ class RunFacts:
     delivery_id: str
     upstream_payload: dict[str, Any]
     failures: list[Failure] = field(default_factory=list)
+    # why the run or a shard could not test at all (no isolating runtime, missing commit)
+    infra_errors: list[str] = field(default_factory=list)
 
     @property
     def failed_total(self) -> int:
@@ -97,6 +99,8 @@ def load_facts(session: Session, run_id: int, with_failures: bool) -> RunFacts:
         failures = [Failure(*row) for row in rows]
     created = aware(run.created_at)
     assert created is not None
+    infra = [run.error] if run.error else []
+    infra += [f"shard {s.index}: {s.error}" for s in run.shards if s.error]
     return RunFacts(
         run_id=run.id,
         attempt=run.attempt,
@@ -114,6 +118,7 @@ def load_facts(session: Session, run_id: int, with_failures: bool) -> RunFacts:
         delivery_id=change.delivery.delivery_id,
         upstream_payload=payload,
         failures=failures,
+        infra_errors=infra,
     )
 
 
@@ -164,8 +169,10 @@ def workflow(
         test_results=counts_of(facts) if completed else None,
         artifact_url=artifact_url(settings, facts.run_id),
         failed_tests=[
-            failed_test(f.nodeid, f.outcome, f.text, budget, f.details) for f in failures
-        ],
+            failed_test("(infrastructure)", "error", text, budget).model_copy(update={"file": None})
+            for text in (facts.infra_errors if completed else [])
+        ]
+        + [failed_test(f.nodeid, f.outcome, f.text, budget, f.details) for f in failures],
         failed_tests_omitted=max(0, facts.failed_total - len(failures)) if completed else 0,
         triage_verdict=verdict,
     )

@@ -231,6 +231,8 @@ def output(facts: RunFacts, settings: Settings, event: str) -> dict[str, str]:
         f"**{_counts_line(facts)}** on `{facts.backend}`, attempt {facts.attempt} "
         f"({_level_note(facts, settings)}).{link}"
     )
+    for problem in facts.infra_errors:
+        summary += f"\n\n**Infrastructure error:** {clip(problem, 2048)}"
     lines = [f"### Failed tests ({len(facts.failures)} of {facts.failed_total} listed)", ""]
     for failure in facts.failures:
         first = (failure.text or "").strip().splitlines()[:1]

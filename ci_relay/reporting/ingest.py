@@ -9,7 +9,6 @@ HUD schema (422 naming the field). Accepted bodies are upserted on HUD's key.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from typing import Any
 
@@ -18,12 +17,12 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from ci_relay.audit import AuditLog
 from ci_relay.reporting import results_store
 from ci_relay.reporting.hud import TOKEN_HEADER
 from ci_relay.reporting.wire import MAX_ACCEPT_BYTES, HudBody
-from ci_relay.request_body import BodyTooLarge, read_body_at_most
+from ci_relay.request_body import BodyTooLarge, parse_json, read_body_at_most
 from ci_relay.runtime import Runtime
-from ci_relay.store.models import AuditRecord
 
 log = logging.getLogger("ci_relay.reporting.ingest")
 PATH = "/api/crcr/results"
@@ -33,19 +32,12 @@ def _field(error: dict[str, Any]) -> str:
     return ".".join(str(part) for part in error["loc"]) or "body"
 
 
-def make_router(rt: Runtime) -> APIRouter:
+def make_router(rt: Runtime, audit_log: AuditLog) -> APIRouter:
     router = APIRouter()
 
     def audit(request: Request, status: int, reason: str) -> None:
-        with rt.db.session() as session:
-            session.add(
-                AuditRecord(
-                    path=request.url.path,
-                    status=status,
-                    reason=reason,
-                    remote=request.client.host if request.client else None,
-                )
-            )
+        remote = request.client.host if request.client else None
+        audit_log.record(request.url.path, status, reason, remote)
 
     async def reject(request: Request, status: int, reason: str) -> JSONResponse:
         await run_in_threadpool(audit, request, status, reason)
@@ -70,8 +62,8 @@ def make_router(rt: Runtime) -> APIRouter:
                 request, 413, f"body over the HUD limit of {MAX_ACCEPT_BYTES} bytes (2 MiB)"
             )
         try:
-            data = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            data = parse_json(raw)
+        except ValueError as exc:  # bad UTF-8 or syntax, giant ints, nesting, surrogates
             return await reject(request, 422, f"body is not JSON: {exc}")
         try:
             body = HudBody.model_validate(data)

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from ci_relay.identifiers import is_commit_id, is_repository_name
 from ci_relay.reporting.wire import HudBody
 from ci_relay.store.database import Database
 from ci_relay.store.models import CrcrResult, utcnow
@@ -27,17 +28,29 @@ class Stored:
     updated: bool
 
 
+def _upstream_change(payload: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(repository, head commit) of the upstream event a result is about, when the
+    sender's echo of it carries well-formed ones (it is untrusted: anything else is None)."""
+    repository = payload.get("repository")
+    name = repository.get("full_name") if isinstance(repository, dict) else None
+    pull, check_run = payload.get("pull_request"), payload.get("check_run")
+    if isinstance(pull, dict):
+        head = pull.get("head")
+        sha = head.get("sha") if isinstance(head, dict) else None
+    elif isinstance(check_run, dict):
+        sha = check_run.get("head_sha")
+    else:
+        sha = payload.get("after")
+    return (
+        name if isinstance(name, str) and is_repository_name(name) else None,
+        sha if isinstance(sha, str) and is_commit_id(sha) else None,
+    )
+
+
 def _columns(body: HudBody, raw: bytes) -> dict[str, Any]:
     callback = body.untrusted.callback_payload
     workflow = callback.workflow
-    payload = callback.payload
-    repository = payload.get("repository")
-    pull = payload.get("pull_request")
-    head = (
-        (pull.get("head") or {}).get("sha")
-        if isinstance(pull, dict)
-        else payload.get("after") or (payload.get("check_run") or {}).get("head_sha")
-    )
+    upstream_repo, head = _upstream_change(callback.payload)
     summary = workflow.model_dump(mode="json", exclude={"failed_tests"})
     summary["failed_tests_listed"] = len(workflow.failed_tests)
     summary["ci_metrics"] = body.trusted.ci_metrics.model_dump(mode="json")
@@ -46,8 +59,8 @@ def _columns(body: HudBody, raw: bytes) -> dict[str, Any]:
         "event_type": callback.event_type,
         "status": workflow.status,
         "conclusion": workflow.conclusion,
-        "upstream_repo": repository.get("full_name") if isinstance(repository, dict) else None,
-        "head_sha": str(head)[:64] if head else None,
+        "upstream_repo": upstream_repo,
+        "head_sha": head,
         "summary": summary,
         "body": raw,
     }

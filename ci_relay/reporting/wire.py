@@ -52,7 +52,7 @@ Evidence = Annotated[str, _at_most(MAX_EVIDENCE_BYTES)]
 
 
 def _identifier(value: int | str) -> int | str:
-    if isinstance(value, str) and not 1 <= len(value) <= 64:
+    if not 1 <= len(str(value)) <= 64:
         raise ValueError("an id is 1 to 64 characters")
     return value
 

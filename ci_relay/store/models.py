@@ -84,7 +84,8 @@ class Delivery(Base):
 
 
 class AuditRecord(Base):
-    """A rejected request: what was wrong, never the body."""
+    """Rejected requests of one kind in one window (:mod:`ci_relay.audit`): what was wrong,
+    how often, never the body."""
 
     __tablename__ = "audit_records"
 
@@ -96,6 +97,8 @@ class AuditRecord(Base):
     remote: Mapped[str | None] = mapped_column(String(128))
     event: Mapped[str | None] = mapped_column(String(64))
     delivery_id: Mapped[str | None] = mapped_column(String(128))
+    count: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    last_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Change(Base):
@@ -140,6 +143,8 @@ class Run(Base):
     state: Mapped[str] = mapped_column(String(16), default=RunState.PENDING)
     conclusion: Mapped[str | None] = mapped_column(String(16))
     counts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # why the run could not be tested at all (selection impossible); shards keep their own
+    error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, onupdate=utcnow
@@ -180,6 +185,10 @@ class Shard(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     log_tail: Mapped[str | None] = mapped_column(Text)
+    # where it ran: container | sandbox | local (not isolated; only when a person chose it)
+    runtime: Mapped[str | None] = mapped_column(String(16))
+    # why the shard itself failed (no isolating runtime, no checkout, tests not startable)
+    error: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, onupdate=utcnow
     )
