@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
+from ci_relay.api_docs import NOT_FOUND, DbId
 from ci_relay.metrics import Metrics
 from ci_relay.runtime import Runtime
 from ci_relay.store.database import ping
@@ -112,6 +113,11 @@ def _change_state(c: Change) -> str:
     return "completed" if states <= {"completed", "failed"} else "running"
 
 
+READY = {
+    "application/json": {"schema": {"type": "object", "additionalProperties": {"type": "string"}}}
+}
+
+
 def make_router(rt: Runtime, metrics: Metrics, broker_ok: Callable[[], bool]) -> APIRouter:
     router = APIRouter()
 
@@ -136,8 +142,8 @@ def make_router(rt: Runtime, metrics: Metrics, broker_ok: Callable[[], bool]) ->
             run = session.get(Run, run_id)
             return run_json(run, with_results=True) if run else None
 
-    @router.get("/api/runs/{run_id}")
-    async def run_detail(run_id: int) -> dict[str, Any]:
+    @router.get("/api/runs/{run_id}", responses=NOT_FOUND)
+    async def run_detail(run_id: DbId) -> dict[str, Any]:
         data = await run_in_threadpool(_run, run_id)
         if data is None:
             raise HTTPException(404, f"no run {run_id}")
@@ -147,7 +153,13 @@ def make_router(rt: Runtime, metrics: Metrics, broker_ok: Callable[[], bool]) ->
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @router.get("/readyz")
+    @router.get(
+        "/readyz",
+        responses={
+            200: {"description": "database and broker reachable", "content": READY},
+            503: {"description": "one of them is not (which one, and why)", "content": READY},
+        },
+    )
     async def readyz() -> JSONResponse:
         checks: dict[str, str] = {}
         try:
@@ -190,7 +202,11 @@ def make_router(rt: Runtime, metrics: Metrics, broker_ok: Callable[[], bool]) ->
             ):
                 metrics.tests.labels(outcome).set(count)
 
-    @router.get("/metrics")
+    @router.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"description": "Prometheus text format", "content": {"text/plain": {}}}},
+    )
     async def prometheus() -> Response:
         await run_in_threadpool(_refresh_gauges)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

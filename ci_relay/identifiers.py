@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, WithJsonSchema
 
 # a commit id: SHA-1 (40) or SHA-256 (64) repositories, lowercase as git and GitHub print it
 _COMMIT = re.compile(r"(?:[0-9a-f]{40}|[0-9a-f]{64})")
@@ -132,12 +132,24 @@ def is_repository_name(value: str) -> bool:
     return True
 
 
+# the shapes as JSON schema patterns (what the OpenAPI schema documents)
+COMMIT_PATTERN = "^" + _COMMIT.pattern + "$"
+REPOSITORY_PATTERN = "^" + _REPOSITORY.pattern + "$"
+DELIVERY_ID_PATTERN = "^" + _DELIVERY_ID.pattern + "$"
+EVENT_PATTERN = "^" + _EVENT.pattern + "$"
+HOOK_ID_PATTERN = "^" + _HOOK_ID.pattern + "$"
+
+
+def _documented(pattern: str) -> WithJsonSchema:
+    return WithJsonSchema({"type": "string", "pattern": pattern})
+
+
 # pydantic field types: validation errors carry the messages above and the field's path
-CommitId = Annotated[str, AfterValidator(commit_id)]
-RepositoryName = Annotated[str, AfterValidator(repository_name)]
+CommitId = Annotated[str, AfterValidator(commit_id), _documented(COMMIT_PATTERN)]
+RepositoryName = Annotated[str, AfterValidator(repository_name), _documented(REPOSITORY_PATTERN)]
 GitRef = Annotated[str, AfterValidator(git_ref)]
 LabelName = Annotated[str, AfterValidator(label_name)]
-DeliveryId = Annotated[str, AfterValidator(delivery_id)]
-EventName = Annotated[str, AfterValidator(event_name)]
-ActionName = Annotated[str, AfterValidator(event_name)]
+DeliveryId = Annotated[str, AfterValidator(delivery_id), _documented(DELIVERY_ID_PATTERN)]
+EventName = Annotated[str, AfterValidator(event_name), _documented(EVENT_PATTERN)]
+ActionName = Annotated[str, AfterValidator(event_name), _documented(EVENT_PATTERN)]
 PullRequestNumber = Annotated[int, Field(ge=1, le=MAX_PR_NUMBER)]

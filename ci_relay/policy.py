@@ -11,7 +11,10 @@ from enum import StrEnum
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ci_relay.identifiers import RepositoryName
+from reuse_specs.backends import BACKENDS
 
 
 class Level(StrEnum):
@@ -25,7 +28,11 @@ class BackendPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     level: Level = Level.L2
-    device: str | None = Field(default=None, description="label suffix; default: backend name")
+    device: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$",
+        description="label suffix (ciflow/crcr/<device>); default: backend name",
+    )
 
 
 class RepositoryPolicy(BaseModel):
@@ -33,13 +40,25 @@ class RepositoryPolicy(BaseModel):
 
     backends: dict[str, BackendPolicy] = Field(default_factory=dict)
 
+    @field_validator("backends")
+    @classmethod
+    def _known_backends(cls, value: dict[str, BackendPolicy]) -> dict[str, BackendPolicy]:
+        """A backend names a queue (``exec.<backend>``) and a runner image: only known ones."""
+        unknown = sorted(set(value) - set(BACKENDS))
+        if unknown:
+            raise ValueError(
+                f"unknown backend(s) {', '.join(map(repr, unknown))} "
+                f"(known: {', '.join(sorted(BACKENDS))})"
+            )
+        return value
+
 
 class Policy(BaseModel):
     """``repositories: {owner/name: {backends: {cpu: {level: L2}}}}``; others are ignored."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    repositories: dict[str, RepositoryPolicy] = Field(default_factory=dict)
+    repositories: dict[RepositoryName, RepositoryPolicy] = Field(default_factory=dict)
 
     def for_repository(self, name: str | None) -> RepositoryPolicy | None:
         return self.repositories.get(name) if name else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -397,3 +398,25 @@ def test_a_new_window_starts_a_new_audit_row(tmp_path: Path) -> None:
         ]
     assert rows == [("10.0.0.1", 5), ("10.0.0.1", 1), ("10.0.0.2", 1)]
     rt.db.dispose()
+
+
+@pytest.mark.parametrize(
+    ("policy", "says"),
+    [
+        ("repositories:\n  pytorch/pytorch:\n    backends:\n      'cpu;id': {level: L2}\n", "unknown backend(s) 'cpu;id'"),
+        ("repositories:\n  pytorch/pytorch:\n    backends:\n      tpu: {level: L2}\n", "unknown backend(s) 'tpu'"),
+        ("repositories:\n  ../pytorch:\n    backends:\n      cpu: {level: L2}\n", "not a repository name"),
+        ("repositories:\n  pytorch/pytorch:\n    backends:\n      cpu: {level: L3, device: 'x/../y'}\n", "should match pattern"),
+        ("repositories:\n  pytorch/pytorch:\n    backends:\n      cpu: {level: L9}\n", "L1"),
+    ],
+)
+def test_a_policy_naming_what_cannot_be_a_queue_or_label_is_refused(
+    tmp_path: Path, policy: str, says: str
+) -> None:
+    """Backends become queue names (exec.<backend>) and labels (ciflow/crcr/<device>)."""
+    from ci_relay.policy import PolicyError, load_policy
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy)
+    with pytest.raises(PolicyError, match=re.escape(says)):
+        load_policy(path)

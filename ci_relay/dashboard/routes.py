@@ -16,6 +16,16 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.orm import Session
 
+from ci_relay.api_docs import (
+    HTML_NOT_FOUND,
+    JSON_ANY,
+    NOT_FOUND,
+    PRINTABLE,
+    BackendQuery,
+    CommitPrefix,
+    DbId,
+    RepositoryQuery,
+)
 from ci_relay.dashboard import downstream, queries
 from ci_relay.dashboard.figures import duration_chart, trend_charts
 from ci_relay.dashboard.templating import make_environment
@@ -67,7 +77,7 @@ def make_router(rt: Runtime) -> APIRouter:
         view = read(lambda s: queries.grid(s, page_no, per_page))
         return page("grid.html", "Grid", grid=view)
 
-    @router.get("/api/grid")
+    @router.get("/api/grid", response_class=JSONResponse, responses=JSON_ANY)
     def grid_api(
         page_no: int = Query(1, ge=1, alias="page"),
         per_page: int = Query(PER_PAGE, ge=1, le=MAX_PER_PAGE),
@@ -76,36 +86,40 @@ def make_router(rt: Runtime) -> APIRouter:
 
     # commit and pull request --------------------------------------------------------------
 
-    @router.get("/commits/{sha}", response_class=HTMLResponse)
-    def commit_html(sha: str) -> HTMLResponse:
+    @router.get("/commits/{sha}", response_class=HTMLResponse, responses=HTML_NOT_FOUND)
+    def commit_html(sha: CommitPrefix) -> HTMLResponse:
         view = read(lambda s: queries.commit_page(s, sha))
         if view is None:
             return missing(f"No change for commit {sha} has been received.")
         return page("commit.html", f"Commit {sha[:10]}", view=view)
 
-    @router.get("/api/commits/{sha}")
-    def commit_api(sha: str) -> JSONResponse:
+    @router.get(
+        "/api/commits/{sha}", response_class=JSONResponse, responses={**JSON_ANY, **NOT_FOUND}
+    )
+    def commit_api(sha: CommitPrefix) -> JSONResponse:
         view = read(lambda s: queries.commit_page(s, sha))
         return found(view, f"no change for commit {sha} has been received")
 
-    @router.get("/prs/{number}", response_class=HTMLResponse)
-    def pull_request_html(number: int, repo: str | None = None) -> HTMLResponse:
+    @router.get("/prs/{number}", response_class=HTMLResponse, responses=HTML_NOT_FOUND)
+    def pull_request_html(number: DbId, repo: RepositoryQuery = None) -> HTMLResponse:
         view = read(lambda s: queries.pull_request_page(s, number, repo))
         if view is None:
             where = f" in {repo}" if repo else ""
             return missing(f"No change for pull request #{number}{where} has been received.")
         return page("pull_request.html", f"PR #{number}", view=view)
 
-    @router.get("/api/prs/{number}")
-    def pull_request_api(number: int, repo: str | None = None) -> JSONResponse:
+    @router.get(
+        "/api/prs/{number}", response_class=JSONResponse, responses={**JSON_ANY, **NOT_FOUND}
+    )
+    def pull_request_api(number: DbId, repo: RepositoryQuery = None) -> JSONResponse:
         view = read(lambda s: queries.pull_request_page(s, number, repo))
         return found(view, f"no change for pull request #{number} has been received")
 
     # run ------------------------------------------------------------------------------------
 
-    @router.get("/runs/{run_id}", response_class=HTMLResponse)
+    @router.get("/runs/{run_id}", response_class=HTMLResponse, responses=HTML_NOT_FOUND)
     def run_html(
-        run_id: int,
+        run_id: DbId,
         selected_page: int = Query(1, ge=1),
         excluded_page: int = Query(1, ge=1),
     ) -> HTMLResponse:
@@ -118,9 +132,11 @@ def make_router(rt: Runtime) -> APIRouter:
 
     # ``/api/runs/{id}`` is the relay's raw run (every result, the whole plan); this is the
     # run page's data: failures, shards and the selection explained, paginated
-    @router.get("/api/runs/{run_id}/view")
+    @router.get(
+        "/api/runs/{run_id}/view", response_class=JSONResponse, responses={**JSON_ANY, **NOT_FOUND}
+    )
     def run_api(
-        run_id: int,
+        run_id: DbId,
         selected_page: int = Query(1, ge=1),
         excluded_page: int = Query(1, ge=1),
     ) -> JSONResponse:
@@ -131,8 +147,10 @@ def make_router(rt: Runtime) -> APIRouter:
 
     # the whole text of one failure (pages show long ones cut); plain text, never sniffed
     # as HTML: it comes from upstream code
-    @router.get("/api/results/{result_id}/details", response_class=PlainTextResponse)
-    def result_details(result_id: int) -> PlainTextResponse:
+    @router.get(
+        "/api/results/{result_id}/details", response_class=PlainTextResponse, responses=NOT_FOUND
+    )
+    def result_details(result_id: DbId) -> PlainTextResponse:
         text = read(lambda s: queries.result_details(s, result_id))
         if text is None:
             raise HTTPException(404, f"no failure text stored for result {result_id}")
@@ -140,23 +158,27 @@ def make_router(rt: Runtime) -> APIRouter:
 
     # another relay's posted result -------------------------------------------------------------
 
-    @router.get("/downstream/{result_id}", response_class=HTMLResponse)
-    def downstream_html(result_id: int) -> HTMLResponse:
+    @router.get("/downstream/{result_id}", response_class=HTMLResponse, responses=HTML_NOT_FOUND)
+    def downstream_html(result_id: DbId) -> HTMLResponse:
         view = read(lambda s: downstream.record(s, result_id))
         if view is None:
             return missing(f"No result {result_id} has been posted by another relay.")
         return page("downstream.html", f"{view.cell.column}", view=view)
 
-    @router.get("/api/downstream/{result_id}")
-    def downstream_api(result_id: int) -> JSONResponse:
+    @router.get(
+        "/api/downstream/{result_id}",
+        response_class=JSONResponse,
+        responses={**JSON_ANY, **NOT_FOUND},
+    )
+    def downstream_api(result_id: DbId) -> JSONResponse:
         view = read(lambda s: downstream.record(s, result_id))
         return found(view, f"no result {result_id} has been posted by another relay")
 
     # test -------------------------------------------------------------------------------------
 
-    @router.get("/tests", response_class=HTMLResponse)
+    @router.get("/tests", response_class=HTMLResponse, responses=HTML_NOT_FOUND)
     def test_html(
-        nodeid: str = Query(..., min_length=1, max_length=1024),
+        nodeid: str = Query(..., min_length=1, max_length=1024, pattern=PRINTABLE),
         page_no: int = Query(1, ge=1, alias="page"),
     ) -> HTMLResponse:
         view = read(lambda s: queries.history(s, nodeid, page_no, PER_PAGE))
@@ -164,9 +186,9 @@ def make_router(rt: Runtime) -> APIRouter:
             return missing(f"No result has been stored for the test {nodeid}.")
         return page("test.html", "Test history", view=view, chart=duration_chart(view))
 
-    @router.get("/api/tests")
+    @router.get("/api/tests", response_class=JSONResponse, responses={**JSON_ANY, **NOT_FOUND})
     def test_api(
-        nodeid: str = Query(..., min_length=1, max_length=1024),
+        nodeid: str = Query(..., min_length=1, max_length=1024, pattern=PRINTABLE),
         page_no: int = Query(1, ge=1, alias="page"),
     ) -> JSONResponse:
         view = read(lambda s: queries.history(s, nodeid, page_no, PER_PAGE))
@@ -176,14 +198,14 @@ def make_router(rt: Runtime) -> APIRouter:
 
     @router.get("/trends", response_class=HTMLResponse)
     def trends_html(
-        backend: str | None = None, limit: int = Query(200, ge=1, le=2000)
+        backend: BackendQuery = None, limit: int = Query(200, ge=1, le=2000)
     ) -> HTMLResponse:
         view = read(lambda s: queries.trends(s, backend or None, limit))
         return page("trends.html", "Trends", view=view, charts=trend_charts(view), limit=limit)
 
-    @router.get("/api/trends")
+    @router.get("/api/trends", response_class=JSONResponse, responses=JSON_ANY)
     def trends_api(
-        backend: str | None = None, limit: int = Query(200, ge=1, le=2000)
+        backend: BackendQuery = None, limit: int = Query(200, ge=1, le=2000)
     ) -> JSONResponse:
         return JSONResponse(to_json(read(lambda s: queries.trends(s, backend or None, limit))))
 

@@ -15,15 +15,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Security
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
 
+from ci_relay.api_docs import DISPATCH_AUTH, Accepted, Pong, errors, header, json_body
 from ci_relay.audit import AuditLog
 from ci_relay.identifiers import (
+    DELIVERY_ID_PATTERN,
+    EVENT_PATTERN,
     DeliveryId,
     EventName,
     InvalidIdentifier,
@@ -193,7 +196,32 @@ def make_router(
             status_code=202,
         )
 
-    @router.post("/webhooks/github")
+    @router.post(
+        "/webhooks/github",
+        status_code=202,
+        response_model=Accepted,
+        responses={
+            200: {"model": Pong, "description": "a ping, recorded"},
+            **errors(400, 401, 413, 422),
+        },
+        openapi_extra={
+            **json_body({"type": "object"}, "a GitHub webhook payload, signed as received"),
+            "parameters": [
+                header("X-GitHub-Event", "the event, e.g. pull_request", pattern=EVENT_PATTERN),
+                header(
+                    "X-GitHub-Delivery",
+                    "the delivery's id (the idempotency key)",
+                    pattern=DELIVERY_ID_PATTERN,
+                ),
+                header("X-GitHub-Hook-ID", "the hook's id", False, "^([0-9]{1,20})?$"),
+                header(
+                    "X-Hub-Signature-256",
+                    "sha256=HMAC of the body with the webhook secret",
+                    required=False,
+                ),
+            ],
+        },
+    )
     async def github_webhook(request: Request) -> JSONResponse:
         with delivery_context(request.headers.get("x-github-delivery")):
             return await _github_webhook(request)
@@ -244,7 +272,19 @@ def make_router(
             request, "github", hook_id, delivery_id, event, body, headers, payload, started
         )
 
-    @router.post("/webhooks/dispatch")
+    @router.post(
+        "/webhooks/dispatch",
+        status_code=202,
+        response_model=Accepted,
+        responses=errors(400, 401, 413, 422),
+        openapi_extra={
+            **json_body(
+                DispatchEnvelope.model_json_schema(),
+                "the CRCR envelope, bare or as a repository_dispatch body's client_payload",
+            ),
+        },
+        dependencies=[Security(DISPATCH_AUTH)],
+    )
     async def crcr_dispatch(request: Request) -> JSONResponse:
         started = time.perf_counter()
         try:

@@ -12,11 +12,20 @@ import hmac
 import logging
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request, Security
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from ci_relay.api_docs import (
+    HUD_AUTH,
+    NOT_FOUND,
+    DbId,
+    IngestAnswer,
+    RepositoryQuery,
+    errors,
+    json_body,
+)
 from ci_relay.audit import AuditLog
 from ci_relay.reporting import results_store
 from ci_relay.reporting.hud import TOKEN_HEADER
@@ -44,7 +53,19 @@ def make_router(rt: Runtime, audit_log: AuditLog) -> APIRouter:
         log.warning("rejected %s: %s (%s)", request.url.path, reason, status)
         return JSONResponse({"error": reason}, status_code=status)
 
-    @router.post(PATH)
+    @router.post(
+        PATH,
+        status_code=201,
+        response_model=IngestAnswer,
+        responses={
+            200: {"model": IngestAnswer, "description": "an existing record updated (or kept)"},
+            **errors(401, 413, 422),
+        },
+        openapi_extra={
+            **json_body(HudBody.model_json_schema(), "a result in HUD's ingestion format"),
+        },
+        dependencies=[Security(HUD_AUTH)],
+    )
     async def ingest(request: Request) -> JSONResponse:
         expected = rt.settings.hud_token
         given = request.headers.get(TOKEN_HEADER)
@@ -80,13 +101,20 @@ def make_router(rt: Runtime, audit_log: AuditLog) -> APIRouter:
 
     @router.get(PATH)
     async def listing(
-        repo: str | None = Query(None, description="sending relay or upstream owner/name"),
+        repo: RepositoryQuery = None,
         limit: int = Query(100, ge=1, le=1000),
     ) -> list[dict[str, Any]]:
         return await run_in_threadpool(results_store.listing, rt.db, repo, limit)
 
-    @router.get(PATH + "/{result_id}/body")
-    async def raw_body(result_id: int) -> Response:
+    @router.get(
+        PATH + "/{result_id}/body",
+        response_class=Response,
+        responses={
+            200: {"description": "the body as received", "content": {"application/json": {}}},
+            **NOT_FOUND,
+        },
+    )
+    async def raw_body(result_id: DbId) -> Response:
         body = await run_in_threadpool(results_store.body_of, rt.db, result_id)
         if body is None:
             raise HTTPException(404, f"no result {result_id}")

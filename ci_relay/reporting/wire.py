@@ -14,8 +14,11 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
+    WithJsonSchema,
     model_validator,
 )
 
@@ -51,13 +54,50 @@ Summary = Annotated[str, _at_most(MAX_SUMMARY_BYTES)]
 Evidence = Annotated[str, _at_most(MAX_EVIDENCE_BYTES)]
 
 
+MAX_NUMERIC_ID = 2**63 - 1  # GitHub's ids are 64-bit
+
+
+def _whole(value: Any) -> Any:
+    """JSON's integers: 7 and 7.0 (JSON Schema counts both), never true or "7"."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+WholeNumber = Annotated[int, BeforeValidator(_whole), Strict()]
+
+
 def _identifier(value: int | str) -> int | str:
-    if not 1 <= len(str(value)) <= 64:
+    if isinstance(value, int) and not 0 <= value <= MAX_NUMERIC_ID:
+        raise ValueError(f"a numeric id is 0 to {MAX_NUMERIC_ID}")
+    if isinstance(value, str) and not 1 <= len(value) <= 64:
         raise ValueError("an id is 1 to 64 characters")
     return value
 
 
-Identifier = Annotated[int | str, AfterValidator(_identifier)]  # GitHub ids are numbers
+# GitHub ids are numbers; strict: a JSON true is not the id 1
+Identifier = Annotated[
+    WholeNumber | str,
+    AfterValidator(_identifier),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0, "maximum": MAX_NUMERIC_ID},
+                {"type": "string", "minLength": 1, "maxLength": 64},
+            ]
+        }
+    ),
+]
+Count = Annotated[WholeNumber, Field(ge=0), WithJsonSchema({"type": "integer", "minimum": 0})]
+
+
+def _iso_text(value: Any) -> Any:
+    if not isinstance(value, str | datetime):
+        raise ValueError("a timestamp is ISO 8601 text")
+    return value
+
+
+Timestamp = Annotated[datetime, BeforeValidator(_iso_text)]  # not a number of seconds
 
 
 def compact_json(data: Any) -> bytes:
@@ -72,10 +112,10 @@ class _Open(BaseModel):
 class TestCounts(_Open):
     __test__ = False
 
-    passed: int = Field(ge=0)
-    failed: int = Field(ge=0)
-    skipped: int = Field(ge=0)
-    total: int = Field(ge=0)
+    passed: Count
+    failed: Count
+    skipped: Count
+    total: Count
 
 
 class FailedTest(_Open):
@@ -115,21 +155,35 @@ class TriageVerdict(_Open):
 class Workflow(_Open):
     """The ``workflow`` object of a CRCR callback: one job's status and results."""
 
+    model_config = ConfigDict(
+        extra="allow",
+        # what _completed_has_a_conclusion checks, for the OpenAPI schema
+        json_schema_extra={
+            "if": {"properties": {"status": {"const": "completed"}}},
+            "then": {
+                "required": ["conclusion"],
+                "properties": {"conclusion": {"type": "string", "minLength": 1}},
+            },
+        },
+    )
+
     schema_version: Literal["1"]
     status: Literal["in_progress", "completed"]
     conclusion: str | None = Field(default=None, max_length=32)
     name: str = Field(min_length=1, max_length=256)
     url: str | None = None
     run_id: Identifier
-    run_attempt: int = Field(default=1, ge=1)
+    run_attempt: Annotated[
+        WholeNumber, Field(ge=1), WithJsonSchema({"type": "integer", "minimum": 1})
+    ] = 1
     job_name: str = Field(min_length=1, max_length=256)
     check_run_id: Identifier
-    started_at: datetime | None = None
-    completed_at: datetime | None = None
+    started_at: Timestamp | None = None
+    completed_at: Timestamp | None = None
     test_results: TestCounts | None = None
     artifact_url: str | None = None
     failed_tests: list[FailedTest] = Field(default_factory=list, max_length=MAX_FAILED_TESTS)
-    failed_tests_omitted: int = Field(default=0, ge=0)
+    failed_tests_omitted: Count = 0
     triage_verdict: TriageVerdict | None = None
 
     @model_validator(mode="after")
@@ -149,8 +203,8 @@ class CallbackPayload(_Open):
 
 
 class CiMetrics(_Open):
-    queue_time: float | None = Field(default=None, ge=0)
-    execution_time: float | None = Field(default=None, ge=0)
+    queue_time: Annotated[float, Strict()] | None = Field(default=None, ge=0)
+    execution_time: Annotated[float, Strict()] | None = Field(default=None, ge=0)
 
 
 class Trusted(_Open):
