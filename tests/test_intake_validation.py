@@ -403,10 +403,22 @@ def test_a_new_window_starts_a_new_audit_row(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("policy", "says"),
     [
-        ("repositories:\n  pytorch/pytorch:\n    backends:\n      'cpu;id': {level: L2}\n", "unknown backend(s) 'cpu;id'"),
-        ("repositories:\n  pytorch/pytorch:\n    backends:\n      tpu: {level: L2}\n", "unknown backend(s) 'tpu'"),
-        ("repositories:\n  ../pytorch:\n    backends:\n      cpu: {level: L2}\n", "not a repository name"),
-        ("repositories:\n  pytorch/pytorch:\n    backends:\n      cpu: {level: L3, device: 'x/../y'}\n", "should match pattern"),
+        (
+            "repositories:\n  pytorch/pytorch:\n    backends:\n      'cpu;id': {level: L2}\n",
+            "unknown backend(s) 'cpu;id'",
+        ),
+        (
+            "repositories:\n  pytorch/pytorch:\n    backends:\n      tpu: {level: L2}\n",
+            "unknown backend(s) 'tpu'",
+        ),
+        (
+            "repositories:\n  ../pytorch:\n    backends:\n      cpu: {level: L2}\n",
+            "not a repository name",
+        ),
+        (
+            "repositories:\n  pytorch/pytorch:\n    backends:\n      cpu: {level: L3, device: 'x/../y'}\n",
+            "should match pattern",
+        ),
         ("repositories:\n  pytorch/pytorch:\n    backends:\n      cpu: {level: L9}\n", "L1"),
     ],
 )
