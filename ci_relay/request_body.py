@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from fastapi import Request
@@ -31,6 +32,12 @@ async def read_body_at_most(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+# the escapes that matter for surrogates: ``\\uDxxx``, and ``\\\\`` (an escaped backslash,
+# consumed whole, so that in ``\\\\ud800`` the ``ud800`` is text); a regex scan, because
+# even a plain ``in`` test over a large body costs more than this
+_ESCAPE = re.compile(rb"\\(?:\\|u([dD][0-9a-fA-F]{3}))")
+
+
 def parse_json(raw: bytes) -> Any:
     """A request body's JSON, refusing with ``ValueError`` what must not reach the database.
 
@@ -43,29 +50,24 @@ def parse_json(raw: bytes) -> Any:
         data = json.loads(raw)
     except RecursionError:
         raise ValueError("nested too deeply") from None
-    if b"\\ud" in raw or b"\\uD" in raw:  # only an escape can produce a surrogate
-        _refuse_surrogates(data)
+    if _lone_surrogate(raw):
+        raise ValueError("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff)")
     return data
 
 
-def _refuse_surrogates(data: Any) -> None:
-    stack = [data]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            texts = [item]
-        elif isinstance(item, dict):
-            texts = list(item)
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-            continue
-        else:
-            continue
-        for text in texts:
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ValueError("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff)") from (
-                    None
-                )
+def _lone_surrogate(raw: bytes) -> bool:
+    """Whether a valid JSON text escapes a surrogate that is not half of a pair: a high one
+    (D800-DBFF) right before a low one (DC00-DFFF) is a character; any other is not."""
+    pending_high = -1  # end offset of an unpaired high surrogate escape
+    for match in _ESCAPE.finditer(raw):
+        code = int(match.group(1), 16) if match.group(1) else -1
+        if pending_high >= 0:
+            if match.start() == pending_high and 0xDC00 <= code <= 0xDFFF:
+                pending_high = -1
+                continue
+            return True  # a high surrogate without its low half
+        if 0xD800 <= code <= 0xDBFF:
+            pending_high = match.end()
+        elif 0xDC00 <= code <= 0xDFFF:
+            return True  # a low surrogate alone
+    return pending_high >= 0

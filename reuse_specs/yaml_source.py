@@ -174,7 +174,11 @@ class _Builder:
                 "(strings, numbers, booleans, lists, mappings)",
             )
             return None
-        return self.loader.construct_object(node, deep=True)
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except (ValueError, yaml.YAMLError):  # e.g. `!!int 0x1F oops` (found by fuzzing)
+            self.error(node, f"cannot read {node.value!r:.60} as {node.tag.rsplit(':', 1)[-1]}")
+            return None
 
     def _mapping(self, node: MappingNode, path: PathKey) -> dict[str, Any] | None:
         if node.tag != _MAP_TAG:

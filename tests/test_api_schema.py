@@ -11,6 +11,7 @@ the signed path is fuzzed by tests/test_fuzz.py.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,7 +106,8 @@ AUTH = {
 
 @schema.parametrize()
 @settings(
-    max_examples=40,
+    # bench/fuzz.py runs more through FUZZ_SCHEMA_EXAMPLES
+    max_examples=int(os.environ.get("FUZZ_SCHEMA_EXAMPLES", "40")),
     deadline=None,
     derandomize=True,
     database=None,

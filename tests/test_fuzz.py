@@ -8,14 +8,17 @@ bench explores freely.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ci_relay.app import create_app
+from ci_relay.request_body import _lone_surrogate
 from ci_relay.runtime import Runtime
 from tests import fuzzing
 from tests.relay_fixtures import fresh_postgres_database, make_settings
@@ -98,3 +101,28 @@ def test_the_strategies_reach_acceptance_and_every_rejection(
 
     run()
     assert {"202", "400", "401", "422"} <= set(tally.by_outcome), tally.by_outcome
+
+
+@CAMPAIGN
+@given(
+    text=st.lists(
+        st.one_of(
+            st.sampled_from(["\\ud83d", "\\ude00", "\\\\", "\\n", '\\"', "\\u0041", "\\uDBFF"]),
+            st.text(alphabet="ab\\", max_size=3),
+        ),
+        max_size=12,
+    ).map("".join)
+)
+def test_the_lone_surrogate_scan_agrees_with_python(text: str) -> None:
+    """The escape scanner that spares intake a walk over every body (tests what it claims)."""
+    raw = ('{"k": "' + text + '"}').encode()
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return  # not JSON: parse_json refuses it before scanning
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+        lone = False
+    except UnicodeEncodeError:
+        lone = True
+    assert _lone_surrogate(raw) is lone, raw

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 from sqlalchemy import func, select
 
 from ci_relay.app import create_app
@@ -432,3 +433,22 @@ def test_a_policy_naming_what_cannot_be_a_queue_or_label_is_refused(
     path.write_text(policy)
     with pytest.raises(PolicyError, match=re.escape(says)):
         load_policy(path)
+
+
+def test_hud_ingest_refuses_text_the_database_cannot_store(relay: Relay) -> None:
+    """Found by Schemathesis: a NUL in a job name became a PostgreSQL error (500)."""
+    from tests.fuzzing import HUD_TOKEN, VALID_HUD_BODY
+
+    relay.rt.settings.hud_token = SecretStr(HUD_TOKEN)
+    body = copy.deepcopy(VALID_HUD_BODY)
+    body["untrusted"]["callback_payload"]["workflow"]["job_name"] = "test\u0000"
+    response = relay.client.post(
+        "/api/crcr/results",
+        content=json.dumps(body).encode(),
+        headers={"x-hud-internal-bot": HUD_TOKEN},
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["error"].startswith(
+        "field untrusted.callback_payload.workflow.job_name: String should match pattern"
+    )
+    assert counts(relay)["audit_records"] == 1

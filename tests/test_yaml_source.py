@@ -119,3 +119,11 @@ def test_deep_nesting_is_refused_not_a_crash(tmp_path: Path, text: str, where: s
     path.write_text(text, encoding="utf-8")
     (error,) = _errors(path)
     assert error.startswith(f"{path}:{where}") and "nested deeper than 64 levels" in error
+
+
+def test_a_tagged_scalar_that_is_not_its_type_is_an_error(tmp_path: Path) -> None:
+    """Found by the fuzzing campaign: PyYAML raised a bare ValueError for this."""
+    path = tmp_path / "tag.yaml"
+    path.write_text("a: !!int 0x1F oops\n", encoding="utf-8")
+    (error,) = _errors(path)
+    assert error.startswith(f"{path}:1:4: error: cannot read '0x1F oops' as int")

@@ -33,6 +33,8 @@ MAX_VERDICT_BYTES = 16 * 1024
 # HUD accepts bodies up to "2 MB": we send at most the smaller reading and accept the larger.
 MAX_SEND_BYTES = 2_000_000
 MAX_ACCEPT_BYTES = 2 * 1024 * 1024
+# strings that become text columns: PostgreSQL's text cannot hold NUL
+STORABLE = r"^[^\x00]*$"
 
 
 def utf8_len(text: str) -> int:
@@ -70,8 +72,8 @@ WholeNumber = Annotated[int, BeforeValidator(_whole), Strict()]
 def _identifier(value: int | str) -> int | str:
     if isinstance(value, int) and not 0 <= value <= MAX_NUMERIC_ID:
         raise ValueError(f"a numeric id is 0 to {MAX_NUMERIC_ID}")
-    if isinstance(value, str) and not 1 <= len(value) <= 64:
-        raise ValueError("an id is 1 to 64 characters")
+    if isinstance(value, str) and (not 1 <= len(value) <= 64 or "\x00" in value):
+        raise ValueError("an id is 1 to 64 characters, no NUL")
     return value
 
 
@@ -83,7 +85,7 @@ Identifier = Annotated[
         {
             "anyOf": [
                 {"type": "integer", "minimum": 0, "maximum": MAX_NUMERIC_ID},
-                {"type": "string", "minLength": 1, "maxLength": 64},
+                {"type": "string", "minLength": 1, "maxLength": 64, "pattern": STORABLE},
             ]
         }
     ),
@@ -169,14 +171,14 @@ class Workflow(_Open):
 
     schema_version: Literal["1"]
     status: Literal["in_progress", "completed"]
-    conclusion: str | None = Field(default=None, max_length=32)
-    name: str = Field(min_length=1, max_length=256)
+    conclusion: str | None = Field(default=None, max_length=32, pattern=STORABLE)
+    name: str = Field(min_length=1, max_length=256, pattern=STORABLE)
     url: str | None = None
     run_id: Identifier
     run_attempt: Annotated[
         WholeNumber, Field(ge=1), WithJsonSchema({"type": "integer", "minimum": 1})
     ] = 1
-    job_name: str = Field(min_length=1, max_length=256)
+    job_name: str = Field(min_length=1, max_length=256, pattern=STORABLE)
     check_run_id: Identifier
     started_at: Timestamp | None = None
     completed_at: Timestamp | None = None
@@ -196,8 +198,8 @@ class Workflow(_Open):
 class CallbackPayload(_Open):
     """What a downstream job sends to the CRCR callback (and HUD keeps as ``untrusted``)."""
 
-    event_type: str = Field(min_length=1, max_length=64)
-    delivery_id: str = Field(min_length=1, max_length=128)
+    event_type: str = Field(min_length=1, max_length=64, pattern=STORABLE)
+    delivery_id: str = Field(min_length=1, max_length=128, pattern=STORABLE)
     payload: dict[str, Any]
     workflow: Workflow
 
@@ -210,8 +212,8 @@ class CiMetrics(_Open):
 class Trusted(_Open):
     """What the sender vouches for (HUD trusts the relay that authenticated with its token)."""
 
-    verified_repo: str = Field(min_length=3, max_length=256, pattern=r"^[^/\s]+/[^/\s]+$")
-    downstream_repo_level: str = Field(min_length=1, max_length=16)
+    verified_repo: str = Field(min_length=3, max_length=256, pattern=r"^[^/\s\x00]+/[^/\s\x00]+$")
+    downstream_repo_level: str = Field(min_length=1, max_length=16, pattern=STORABLE)
     ci_metrics: CiMetrics
 
 
