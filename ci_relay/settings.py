@@ -19,11 +19,11 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from ci_relay.execution.runtimes import NOBODY, PODMAN_SOCKET
 from reuse_specs.backends import SPYRE_DEVICE_GLOB
 
 MiB = 1024 * 1024
 SETTINGS_FILE_VARIABLE = "CI_RELAY_SETTINGS_FILE"
-PODMAN_SOCKET = "unix:///run/ci-relay/podman.sock"
 
 
 class Settings(BaseSettings):
@@ -58,8 +58,8 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("CI_RELAY_DOCKER_HOST", "DOCKER_HOST"),
         description="the container engine's API (Docker, or Podman's compatible socket)",
     )
-    sandbox_uid: int = Field(default=65534, ge=1, description="host user of sandboxed tests")
-    sandbox_gid: int = Field(default=65534, ge=1, description="host group of sandboxed tests")
+    sandbox_uid: int = Field(default=NOBODY, ge=1, description="host user of sandboxed tests")
+    sandbox_gid: int = Field(default=NOBODY, ge=1, description="host group of sandboxed tests")
     shard_scratch_mb: int = Field(default=2048, gt=0, description="disk a shard may write")
     spyre_device_glob: str = Field(
         default=SPYRE_DEVICE_GLOB, description="Spyre cards, as a pattern under /dev"
