@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from ci_relay.intake.events import summarize
+from ci_relay.intake.events import InvalidPayload, summarize
 from ci_relay.pipeline import Next
 from ci_relay.settings import Settings
 from ci_relay.store.models import Delivery, DeliveryState, utcnow
@@ -47,7 +47,10 @@ def replay_delivery(settings: Settings, source: str, event: str | None) -> int:
                 envelope = payload.get("client_payload", payload)
                 event, payload = envelope["event_type"], envelope["payload"]
                 body = json.dumps(payload).encode()
-        meaning = summarize(event, payload)
+        try:
+            meaning = summarize(event, payload)
+        except InvalidPayload as exc:  # the intake would refuse it too
+            raise ReplayError(f"{origin} is refused: {exc}") from None
         row = Delivery(
             source="replay",
             hook_id="replay",

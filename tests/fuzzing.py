@@ -30,6 +30,7 @@ from ci_relay.store.models import AuditRecord, Change, CrcrResult, Delivery, Run
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "github"
 SPECS = Path(__file__).resolve().parents[1] / "reuse_specs" / "specs"
 from tests.relay_fixtures import DISPATCH_TOKEN, SECRET  # noqa: E402
+from tests.test_reporting_ingest import BODY as HUD_BODY  # noqa: E402
 
 HUD_TOKEN = "hud-token-for-fuzzing"
 EVENTS = ("pull_request", "push", "check_run", "check_suite", "ping", "issues")
@@ -231,33 +232,13 @@ def dispatch_requests(draw: st.DrawFn) -> bytes:
     return draw(raw_bodies(draw(st.one_of(mutated(envelope), json_values))))
 
 
-VALID_HUD_BODY: dict[str, Any] = {
-    "trusted": {
-        "verified_repo": "ibm/torch-spyre",
-        "downstream_repo_level": "L2",
-        "ci_metrics": {"queue_time": 1.5, "execution_time": 60},
-    },
-    "untrusted": {
-        "callback_payload": {
-            "event_type": "pull_request",
-            "delivery_id": "d-1",
-            "payload": {
-                "repository": {"full_name": "pytorch/pytorch"},
-                "pull_request": {"number": 1, "head": {"sha": "a" * 40}},
-            },
-            "workflow": {
-                "schema_version": "1",
-                "status": "completed",
-                "conclusion": "success",
-                "name": "spyre",
-                "run_id": 7,
-                "job_name": "test",
-                "check_run_id": "8",
-                "test_results": {"passed": 1, "failed": 0, "skipped": 0, "total": 1},
-            },
-        }
-    },
-}
+# a completed result in HUD's format (the ingest tests' in_progress one, finished)
+VALID_HUD_BODY: dict[str, Any] = copy.deepcopy(HUD_BODY)
+VALID_HUD_BODY["untrusted"]["callback_payload"]["workflow"].update(
+    status="completed",
+    conclusion="success",
+    test_results={"passed": 1, "failed": 0, "skipped": 0, "total": 1},
+)
 
 
 @st.composite

@@ -399,6 +399,27 @@ def test_local_runtime_also_survives_a_crash(tmp_path: Path) -> None:
     assert "in test_b_segfault" in crashed.details  # faulthandler's stack of the dying test
 
 
+def test_a_shard_that_runs_none_of_its_tests_is_an_error_not_a_pass(tmp_path: Path) -> None:
+    """Fail closed: a child that selects nothing (a broken runner, renamed tests) must not
+    let the run conclude success on zero results."""
+    upstream = tmp_path / "up"
+    shutil.copytree(FAULTS, upstream)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    request = ShardRequest(
+        tests=["test/test_faults.py::TestFaults::test_that_is_not_there"],
+        specs=[spec],
+        upstream=upstream,
+        scratch=tmp_path / "s",
+        per_test_timeout=30,
+    )
+    report = run_shard(LocalRuntime(), request)
+    assert report.results == {}
+    assert report.error is not None and report.error.startswith(
+        "the shard ran none of its 1 test(s) (exit 4)"
+    )
+
+
 def test_missing_image_names_the_build_command() -> None:
     with pytest.raises(RuntimeUnavailable, match="build it with `ci-relay images build`"):
         get_runtime("container", backend="no-such-backend")

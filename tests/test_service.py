@@ -73,6 +73,11 @@ def test_replay_a_stored_delivery_and_a_saved_file(relay: Relay) -> None:
         replay_delivery(settings, str(saved), None)
     with pytest.raises(ReplayError, match="no stored delivery 'nope'"):
         replay_delivery(settings, "nope", None)
+    hostile = json.loads(body)
+    hostile["after"] = "--upload-pack=touch /tmp/x; git-upload-pack"
+    tmp_file.write_text(json.dumps(hostile))
+    with pytest.raises(ReplayError, match=r"saved\.json is refused: after: not a commit id"):
+        replay_delivery(settings, str(saved), "push")
 
 
 @pytest.mark.slow

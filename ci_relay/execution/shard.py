@@ -248,6 +248,12 @@ def run_shard(runtime: Runtime, request: ShardRequest, max_processes: int = 50) 
         if running is None:
             if done.returncode not in (0, 1, 4) and not events:
                 report.error = f"the shard could not start tests (exit {done.returncode})"
+            elif not report.results and request.tests:  # fail closed: nothing ran is no pass
+                last = done.output.strip().splitlines()[-1:] or ["no output"]
+                report.error = (
+                    f"the shard ran none of its {len(request.tests)} test(s) "
+                    f"(exit {done.returncode}): {last[0][:300]}"
+                )
             break  # the child finished on its own
         reason = _why(done, request.per_test_timeout, text)
         report.results[running] = TestOutcome(
