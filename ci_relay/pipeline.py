@@ -47,6 +47,8 @@ from ci_relay.store.models import (
 from reuse_specs.backends import get_backend
 from reuse_specs.errors import SpecErrors
 from test_selection.agents import agent_by_name
+from test_selection.layout import EmptyUniverse
+from test_selection.observations import Observation
 from test_selection.selector import SelectorConfig
 from test_selection.selector import select as select_tests_for
 from test_selection.types import Budget, TestPlan
@@ -253,9 +255,11 @@ def select_tests(rt: Runtime, run_id: int, stale_after: timedelta) -> list[Next]
                 if s.state == ShardState.PENDING
             ]
         head, base, backend = run.change.head_sha, run.change.base_sha, run.backend
+        repository = run.change.repository
     try:
-        plan = _plan(rt, head, base)
-    except (CheckoutError, SpecErrors) as exc:  # a commit that is not there, a broken spec
+        observations = past_observations(rt, repository, backend, exclude_run=run_id)
+        plan = _plan(rt, head, base, observations)
+    except (CheckoutError, SpecErrors, EmptyUniverse) as exc:  # no commit, bad spec, no test
         log.error("run %s: selection impossible: %s", run_id, exc)
         return _run_failed(rt, run_id, f"selection failed: {exc}")
     with rt.db.session() as session:
@@ -286,7 +290,44 @@ def select_tests(rt: Runtime, run_id: int, stale_after: timedelta) -> list[Next]
         return [Next("execute", shard.id, backend) for shard in shards] + reports
 
 
-def _plan(rt: Runtime, head: str, base: str | None) -> TestPlan:
+LEARN_FROM_RUNS = 20  # the newest runs of a backend whose results the selector learns from
+LEARN_MAX_RESULTS = 200_000
+
+
+def past_observations(
+    rt: Runtime, repository: str, backend: str, exclude_run: int | None = None
+) -> tuple[Observation, ...]:
+    """The results of the newest finished runs of this repository on this backend: what the
+    selector learns durations, failures and flakes from."""
+    with rt.db.session() as session:
+        run_ids = list(
+            session.scalars(
+                select(Run.id)
+                .join(Change)
+                .where(
+                    Change.repository == repository,
+                    Run.backend == backend,
+                    Run.state == RunState.COMPLETED,
+                    Run.id != (exclude_run or -1),
+                )
+                .order_by(Run.id.desc())
+                .limit(LEARN_FROM_RUNS)
+            )
+        )
+        if not run_ids:
+            return ()
+        rows = session.execute(
+            select(TestResult.nodeid, TestResult.outcome, TestResult.duration, Shard.run_id)
+            .join(Shard, Shard.id == TestResult.shard_id)
+            .where(Shard.run_id.in_(run_ids))
+            .limit(LEARN_MAX_RESULTS)
+        ).all()
+    return tuple(Observation(n, o, float(d or 0.0), r) for n, o, d, r in rows)
+
+
+def _plan(
+    rt: Runtime, head: str, base: str | None, observations: tuple[Observation, ...] = ()
+) -> TestPlan:
     """The four-stage selector's plan for head against base (or head's parent)."""
     mirror = _upstream_mirror(rt)
     settings = rt.settings
@@ -309,6 +350,7 @@ def _plan(rt: Runtime, head: str, base: str | None) -> TestPlan:
         ),
         shards=settings.shards_per_run,
         cache_dir=cache,
+        observations=observations,
     )
     with mirror.tree(head) as tree:
         plan, _ = select_tests_for(tree, base, head, rt.specs, config)

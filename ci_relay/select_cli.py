@@ -147,14 +147,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Select the upstream tests a change needs (four stages), with reasons."""
         from test_selection.git import GitError
+        from test_selection.layout import EmptyUniverse
         from test_selection.selector import select
 
         config = _config(budget, agent, shards, durations, always_run, llm_url, llm_model, pattern)
         try:
             with err.status("analysing the change and ranking tests…"):
                 plan, _ = select(upstream, base, head, spec or None, config)
-        except GitError as exc:
-            err.print(f"[bold red]error:[/] {exc}")
+        except (GitError, EmptyUniverse) as exc:
+            err.print(f"[bold red]error:[/] {exc}", markup=False)
             raise typer.Exit(2) from None
         except SpecErrors as exc:
             for error in exc.errors:
@@ -174,6 +175,13 @@ def register(app: typer.Typer) -> None:
         out.print(
             f"{plan.base[:12]}..{plan.head[:12]}  budget {plan.budget}  agent {plan.agent}  "
             f"changed files {plan.change['file_count']}  ops {', '.join(plan.change['ops']) or '-'}"
+        )
+        shares = plan.shares()
+        out.print(
+            f"took {shares['tests']:.1%} of the tests, {shares['test_files']:.1%} of the test "
+            f"files, {shares['seconds']:.1%} of the estimated time; stages: "
+            + ", ".join(f"{k} {v:.2f}s" for k, v in plan.timings.items()),
+            soft_wrap=True,
         )
         for note in plan.notes:
             out.print(f"note: {note}", markup=False, soft_wrap=True)

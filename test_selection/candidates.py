@@ -64,6 +64,7 @@ class Context:
     failure_history: Mapping[TestId, int] = field(default_factory=dict)
     always_run: tuple[str, ...] = ()
     history_commits: int = 2000
+    flake_history: Mapping[TestId, int] = field(default_factory=dict)
 
 
 class Heuristic(Protocol):
@@ -236,14 +237,17 @@ class CoChange:
 
 
 class FailureHistory:
-    """Tests that failed recently in the relay's own results."""
+    """Tests that failed recently in the relay's own results (flaky ones count less: a
+    failure that passes on rerun says less about the change)."""
 
     name = "failure-history"
 
     def evidence(
         self, change: ChangeAnalysis, inventory: Inventory, ctx: Context
     ) -> Iterable[tuple[TestId, Evidence]]:
-        for test, failures in ctx.failure_history.items():
+        for test in set(ctx.failure_history) | set(ctx.flake_history):
+            failures = ctx.failure_history.get(test, 0)
+            flakes = ctx.flake_history.get(test, 0)
             if failures > 0:
                 yield (
                     test,
@@ -253,6 +257,8 @@ class FailureHistory:
                         f"failed {failures} time(s) recently",
                     ),
                 )
+            elif flakes > 0:
+                yield test, _ev(self.name, 0.1, f"flaky {flakes} time(s) recently")
 
 
 class AlwaysRun:

@@ -17,6 +17,7 @@ from typing import Any
 from test_selection.candidates import CoChange, PathKeywords
 from test_selection.git import Repo
 from test_selection.inventory import DEFAULT_PATTERNS, is_test_path
+from test_selection.layout import EmptyUniverse, detect_layout
 from test_selection.selector import SelectorConfig, select
 from test_selection.types import Budget
 
@@ -88,6 +89,9 @@ def evaluate(
 ) -> EvalReport:
     repo = Repo(upstream)
     shas = repo.text("rev-list", "--no-merges", "--reverse", "--end-of-options", commits).split()
+    if not config.patterns and shas:  # one layout for the whole replay: the newest commit's
+        config = replace(config, patterns=detect_layout(repo, shas[-1]).patterns)
+    patterns = config.patterns or DEFAULT_PATTERNS
     report = EvalReport(commits_seen=len(shas))
     candidates = []
     for sha in shas:
@@ -95,7 +99,7 @@ def evaluate(
             parent = repo.resolve(f"{sha}^")
         except Exception:
             continue  # the root commit has nothing to compare with
-        tests, sources = _changed(repo, sha, config.patterns)
+        tests, sources = _changed(repo, sha, patterns)
         if tests and sources:
             candidates.append((parent, sha, tests))
     candidates = candidates[-max_commits:]
@@ -106,11 +110,14 @@ def evaluate(
         hidden = truth | {
             p
             for p in repo.text("diff", "--name-only", parent, sha).split()
-            if is_test_path(p, config.patterns)
+            if is_test_path(p, patterns)
         }
-        plan, _ = select(
-            upstream, parent, sha, specs, config, exclude_paths=hidden, inventory_rev=parent
-        )
+        try:
+            plan, _ = select(
+                upstream, parent, sha, specs, config, exclude_paths=hidden, inventory_rev=parent
+            )
+        except EmptyUniverse:
+            continue  # no test to choose from before this commit
         universe_files = {p.test.file for p in plan.selected + plan.excluded}
         truth_in = truth & universe_files
         if not truth_in:

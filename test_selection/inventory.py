@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from test_selection.git import Repo
+from test_selection.layout import DEFAULT_PATTERNS
 from test_selection.types import TestId
 
-DEFAULT_PATTERNS = ("test/test_*.py", "test/**/test_*.py")
+__all__ = ["DEFAULT_PATTERNS", "Inventory", "TestFile", "TestFunction", "build_inventory"]
 INVENTORY_FORMAT = 2
 MAX_SOURCE_CHARS = 4000
 

@@ -53,6 +53,10 @@ def durations_for(
     return out
 
 
+def _always(item: Scored) -> bool:
+    return any(e.source == "always-run" and e.score > 0 for e in item.evidence)
+
+
 def _reasons(item: Scored) -> list[str]:
     if not item.evidence:
         return []
@@ -81,11 +85,26 @@ def make_plan(
     else:
         limit_count, limit_seconds = universe, budget.value
     any_evidence = any(v > 0 for v in score.values())
-    chosen: list[Scored] = [s for s in order if s.mandatory]
+    # the operator's always-run list is theirs to size; everything else fits the budget, the
+    # tests the change edits or references first (by score), so a budget is never exceeded
+    chosen: list[Scored] = [s for s in order if _always(s)]
     spent = sum(durations[s.test] for s in chosen)
     if len(chosen) > limit_count or spent > limit_seconds:
+        notes.append(f"{len(chosen)} always-run test(s) go beyond the {budget} budget")
+    left_out = 0
+    for item in order:
+        if not item.mandatory or _always(item):
+            continue
+        cost = durations[item.test]
+        if len(chosen) >= limit_count or spent + cost > limit_seconds:
+            left_out += 1
+            continue
+        chosen.append(item)
+        spent += cost
+    if left_out:
         notes.append(
-            f"{len(chosen)} test(s) the change edits or references run beyond the {budget} budget"
+            f"{left_out} test(s) the change edits or references did not fit the {budget} "
+            "budget (the highest-scored did); a larger budget runs them"
         )
     for item in order:
         if item.mandatory:
@@ -100,8 +119,10 @@ def make_plan(
             break
         chosen.append(item)
         spent += cost
-    if not chosen and order:
-        chosen = order[: max(1, min(limit_count, universe))]
+    if not chosen and order:  # never an empty plan; within the budget's count when it has one
+        chosen = order[: 1 if budget.kind == "seconds" else max(1, min(limit_count, universe))]
+        if budget.kind == "seconds":
+            notes.append(f"no test fits the {budget} budget: the top-ranked one runs alone")
     if chosen and all(score[s.test] <= 0 for s in chosen):
         notes.append(
             f"no test had evidence; {len(chosen)} test(s) run as a safety net within the budget"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,9 @@ from test_selection.agents import Agent, NoAgent
 from test_selection.candidates import Context, Heuristic, collect_evidence
 from test_selection.change_analysis import ChangeAnalysis, analyze
 from test_selection.git import Repo
-from test_selection.inventory import DEFAULT_PATTERNS, Inventory, build_inventory, default_cache_dir
+from test_selection.inventory import Inventory, build_inventory, default_cache_dir
+from test_selection.layout import EmptyUniverse, Layout, detect_layout
+from test_selection.observations import Learned, Observation, learn
 from test_selection.plan import durations_for, make_plan
 from test_selection.types import Budget, Evidence, Scored, TestId, TestPlan
 
@@ -27,10 +30,12 @@ class SelectorConfig:
     learned_seconds: Mapping[TestId, float] = field(default_factory=dict)
     failure_history: Mapping[TestId, int] = field(default_factory=dict)
     always_run: tuple[str, ...] = ()
-    patterns: tuple[str, ...] = DEFAULT_PATTERNS
+    patterns: tuple[str, ...] | None = None  # None: the repository's pytest config, else defaults
     cache_dir: Path = field(default_factory=default_cache_dir)
     heuristics: list[Heuristic] | None = None
     history_commits: int = 2000
+    # past results of this backend (the relay's): learned durations, failures, flakes
+    observations: tuple[Observation, ...] = ()
 
 
 def spec_universe(
@@ -72,30 +77,77 @@ def select(
     """Select the tests ``base..head`` needs; spec paths resolve in the ``upstream`` checkout."""
     config = config or SelectorConfig()
     repo = Repo(upstream)
-    change = analyze(repo, base, head, exclude=exclude_paths, patterns=config.patterns)
-    inventory = build_inventory(
-        repo, inventory_rev or change.head, config.patterns, config.cache_dir
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[stage] = round(now - clock, 4)
+        clock = now
+
+    layout = (
+        Layout(config.patterns, "configured")
+        if config.patterns
+        else detect_layout(repo, inventory_rev or head)
     )
+    change = analyze(repo, base, head, exclude=exclude_paths, patterns=layout.patterns)
+    lap("change_analysis")
+    inventory = build_inventory(
+        repo, inventory_rev or change.head, layout.patterns, config.cache_dir
+    )
+    if not inventory.files:
+        raise EmptyUniverse(
+            f"no test file at {change.head[:12]} matches the {layout.source} patterns "
+            f"{', '.join(layout.patterns)}; name the layout with --pattern GLOB "
+            "(e.g. 'src/**/test_*.py'), or configure pytest's testpaths/python_files"
+        )
+    lap("inventory")
     spec = load_specs(specs, upstream) if specs else None
     universe, modes, notes = spec_universe(inventory, spec, upstream.resolve() if specs else None)
+    if not universe:
+        raise EmptyUniverse(
+            f"the specs cover none of the {len(inventory.tests())} test(s) in "
+            f"{len(inventory.files)} file(s) matching {', '.join(layout.patterns)}: "
+            "check their paths (${TORCH_ROOT}/...) against this checkout"
+            if specs
+            else f"the {len(inventory.files)} test file(s) matching "
+            f"{', '.join(layout.patterns)} define no test function"
+        )
+    learned = learn(config.observations, universe) if config.observations else Learned()
+    failures = dict(config.failure_history)
+    for test, count in learned.failures.items():
+        failures[test] = failures.get(test, 0) + count
+    if learned.runs_seen:
+        notes.append(
+            f"learned from {learned.runs_seen} past run(s): durations of {len(learned.seconds)} "
+            f"test(s), {len(learned.failures)} with recent failures, "
+            f"{len(learned.flakes)} flaky"
+        )
     ctx = Context(
         repo,
         universe,
-        config.failure_history,
+        failures,
         config.always_run,
         config.history_commits,
+        learned.flakes,
     )
     evidence = collect_evidence(change, inventory, ctx, config.heuristics)
     scored = {
         t: Scored(t, list(evidence.get(t, []))) for t in sorted(universe, key=lambda t: t.sort_key)
     }
+    lap("candidates")
     review = config.agent.review(change, scored, inventory)
-    durations = durations_for(list(scored), config.file_seconds, config.learned_seconds)
+    lap("agent")
+    durations = durations_for(
+        list(scored), config.file_seconds, {**config.learned_seconds, **learned.seconds}
+    )
     selected, excluded, shards, plan_notes = make_plan(
         scored, config.budget, durations, config.shards, modes
     )
     for item in selected:
         item.evidence.append(Evidence("plan", "budget", 0.0, f"within the {config.budget} budget"))
+    lap("plan")
     plan = TestPlan(
         base=change.base,
         head=change.head,
@@ -107,5 +159,7 @@ def select(
         shards=shards,
         change=change.summary(),
         notes=[*notes, *review.notes, *plan_notes, *change.parse_errors],
+        timings=timings,
+        patterns=list(layout.patterns),
     )
     return plan, change

@@ -153,6 +153,23 @@ class TestPlan:
     shards: list[list[str]]
     change: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
+    patterns: list[str] = field(default_factory=list)  # the test-file globs used
+
+    def shares(self) -> dict[str, float]:
+        """What part of the universe the plan takes: tests, test files, estimated seconds."""
+        everything = self.selected + self.excluded
+        files = {p.test.file for p in everything}
+        seconds = sum(p.duration for p in everything)
+        return {
+            "tests": round(len(self.selected) / len(everything), 4) if everything else 0.0,
+            "test_files": round(len({p.test.file for p in self.selected}) / len(files), 4)
+            if files
+            else 0.0,
+            "seconds": round(sum(p.duration for p in self.selected) / seconds, 4)
+            if seconds
+            else 0.0,
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -161,6 +178,9 @@ class TestPlan:
             "budget": self.budget,
             "agent": self.agent,
             "universe_size": self.universe_size,
+            "shares": self.shares(),
+            "timings": self.timings,
+            "patterns": self.patterns,
             "selected": [t.to_json() for t in self.selected],
             "excluded": [t.to_json() for t in self.excluded],
             "shards": self.shards,

@@ -233,9 +233,18 @@ def test_plan_budgets_mandatory_and_lpt_shards(tmp_path: Path) -> None:
     assert max(loads) - min(loads) <= max(durations.values())  # LPT keeps shards balanced
     selected, _, _, _ = make_plan(scored, Budget.parse("6s"), durations, 1)
     assert sum(p.duration for p in selected) <= 6 or len(selected) == 1
-    # a mandatory test runs even when the budget is smaller than it
+    # budgets are honest: an edited test that does not fit is left out and said so; a budget
+    # smaller than every test runs the top-ranked one alone (never an empty plan)
     selected, _, _, notes = make_plan(scored, Budget.parse("0.5s"), durations, 1)
-    assert [p.test for p in selected] == [tests[0]] and "beyond" in notes[0]
+    assert [p.test for p in selected] == [tests[0]]
+    assert "did not fit the 0.5s budget" in notes[0] and "runs alone" in notes[1]
+    # a count budget is never exceeded, even by tests the change edits
+    for t in tests[:5]:
+        scored[t].evidence.append(Evidence("candidates", "edited-by-change", 1.0, "edited"))
+    selected, _, _, notes = make_plan(scored, Budget.parse("10%"), durations, 1)
+    assert len(selected) == 2 and "3 test(s) the change edits or references did not fit" in notes[0]
+    for t in tests[:5]:
+        scored[t].evidence.pop()
     # never an empty plan: with no evidence at all, a safety net is selected
     bare = {t: Scored(t) for t in tests}
     selected, _, _, notes = make_plan(bare, Budget.parse("10%"), durations, 1)

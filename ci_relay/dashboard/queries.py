@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -543,8 +544,24 @@ def run_page(
         }
         plan = stored.plan if isinstance(stored.plan, dict) else {}
         selection = explain(stored.strategy, plan, outcomes, selected_page, excluded_page, per_page)
+        estimated = _estimated_shard_seconds(plan)
+        run = replace(
+            run,
+            shards=[replace(s, estimated_seconds=estimated.get(s.index)) for s in run.shards],
+        )
     changes = _changes(session, Change.id == run.change_id)
     return RunPage(run=run, changes=changes, selection=selection, reports=_reports(session, run_id))
+
+
+def _estimated_shard_seconds(plan: dict[str, Any]) -> dict[int, float]:
+    """Seconds the plan expected per shard: the durations it planned with, summed."""
+    out: dict[int, float] = {}
+    for item in plan.get("selected") or []:
+        if isinstance(item, dict) and isinstance(item.get("shard"), int):
+            duration = item.get("duration")
+            if isinstance(duration, int | float):
+                out[item["shard"]] = out.get(item["shard"], 0.0) + float(duration)
+    return out
 
 
 def _reports(session: Session, run_id: int) -> list[ReportInfo]:

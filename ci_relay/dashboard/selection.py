@@ -7,7 +7,7 @@ page say, next to each reason, what actually happened.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ci_relay.dashboard.views import (
@@ -18,41 +18,10 @@ from ci_relay.dashboard.views import (
     StageEvidence,
     Variant,
 )
+from test_selection.variants import match_variants, split_nodeid
 
 STAGE_ORDER = ("candidates", "agent", "plan")
-
-
-def _split(nodeid: str) -> tuple[str, str, str]:
-    parts = nodeid.split("::")
-    if len(parts) >= 3:
-        return parts[0], parts[-2], parts[-1]
-    if len(parts) == 2:
-        return parts[0], "", parts[1]
-    return "", "", nodeid
-
-
-def match_variants(generic: Iterable[str], executed: Iterable[str]) -> dict[str, list[str]]:
-    """Map each executed node id to the most specific generic test it instantiates.
-
-    A variant's class starts with the generic class (``TestX`` -> ``TestXCPU``) and its
-    name is the generic name or that name plus ``_suffix``; of several generic names
-    that fit (``test_add`` and ``test_add_scalar``), the longest wins.
-    """
-    by_name: dict[tuple[str, str], list[tuple[str, str]]] = {}
-    for test in generic:
-        file, cls, name = _split(test)
-        by_name.setdefault((file, name), []).append((cls, test))
-    out: dict[str, list[str]] = {}
-    for nodeid in executed:
-        file, cls, name = _split(nodeid)
-        pieces = name.split("_")
-        for cut in range(len(pieces), 0, -1):
-            owners = by_name.get((file, "_".join(pieces[:cut])))
-            owner = next((t for c, t in owners or () if cls.startswith(c)), None)
-            if owner is not None:
-                out.setdefault(owner, []).append(nodeid)
-                break
-    return out
+__all__ = ["explain", "match_variants"]
 
 
 def _stages(evidence: Any) -> list[StageEvidence]:
@@ -83,7 +52,7 @@ def _planned(
     shard = item.get("shard")
     return PlannedTestView(
         test=test,
-        file=str(item.get("file", _split(test)[0])),
+        file=str(item.get("file", split_nodeid(test)[0])),
         score=float(item.get("score", 0.0) or 0.0),
         mode=item.get("mode"),
         shard=int(shard) if isinstance(shard, int) else None,
@@ -133,4 +102,13 @@ def explain(
         selected_pager=selected_pager,
         excluded=[_planned(t, {}, outcomes) for t in shown_excluded],
         excluded_pager=excluded_pager,
+        timings=_numbers(plan.get("timings")),
+        shares=_numbers(plan.get("shares")),
     )
+
+
+def _numbers(value: Any) -> dict[str, float]:
+    """A stored plan's ``{name: number}`` (older plans have none; nothing else is trusted)."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k): float(v) for k, v in value.items() if isinstance(v, int | float)}

@@ -118,6 +118,13 @@ class ShardInfo:
     log_tail: str | None
     runtime: str | None = None  # container | sandbox | local (not isolated)
     error: str | None = None  # why the shard itself failed (no runtime, no checkout, ...)
+    estimated_seconds: float | None = None  # what the plan expected (learned durations)
+
+    @property
+    def actual_seconds(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return max(0.0, (self.finished_at - self.started_at).total_seconds())
 
 
 @dataclass(frozen=True)
@@ -294,6 +301,8 @@ class SelectionView:
     selected_pager: Pager
     excluded: list[PlannedTestView]
     excluded_pager: Pager
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per selector stage
+    shares: dict[str, float] = field(default_factory=dict)  # of tests, test files, seconds
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,101 @@
+"""Where a repository keeps its tests: its pytest configuration, else the common layouts.
+
+PyTorch keeps them in ``test/``, torch-spyre and most Python projects in ``tests/``, some
+beside the code as ``*_test.py``. A repository that configures pytest (``testpaths``,
+``python_files`` in ``pytest.ini``, ``pyproject.toml``, ``tox.ini`` or ``setup.cfg``) says
+where its tests are; that is honoured first. Read from git objects at a revision, never
+from a checkout, and never executed.
+"""
+
+from __future__ import annotations
+
+import configparser
+import shlex
+import tomllib
+from dataclasses import dataclass
+
+from test_selection.git import Repo
+
+DEFAULT_PATTERNS = (
+    "test/test_*.py",
+    "test/**/test_*.py",
+    "tests/test_*.py",
+    "tests/**/test_*.py",
+    "*_test.py",
+)
+PYTEST_PYTHON_FILES = ("test_*.py", "*_test.py")  # pytest's own default for python_files
+_CONFIG_FILES = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The glob patterns of test files, and where they came from (for messages)."""
+
+    patterns: tuple[str, ...]
+    source: str  # "pytest.ini [pytest]", "defaults", "--pattern", ...
+
+
+def _words(value: object) -> list[str]:
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    if isinstance(value, str):
+        return shlex.split(value.replace("\n", " "))
+    return []
+
+
+def _pytest_section(name: str, text: str) -> dict[str, object] | None:
+    """The pytest options a configuration file holds, or None when it configures no pytest."""
+    if name == "pyproject.toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError:
+            return None
+        options = data.get("tool", {}).get("pytest", {}).get("ini_options")
+        return options if isinstance(options, dict) else None
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read_string(text)
+    except configparser.Error:
+        return None
+    section = {"pytest.ini": "pytest", "tox.ini": "pytest", "setup.cfg": "tool:pytest"}[name]
+    if (
+        name == "pytest.ini"
+        and not parser.has_section(section)
+        and parser.has_section("tool:pytest")
+    ):
+        section = "tool:pytest"
+    return dict(parser.items(section)) if parser.has_section(section) else None
+
+
+def patterns_from_pytest(options: dict[str, object]) -> tuple[str, ...] | None:
+    """Globs for ``testpaths`` × ``python_files``; None when neither is configured."""
+    paths = [p.strip("/") for p in _words(options.get("testpaths")) if p.strip("/.")]
+    files = _words(options.get("python_files")) or list(PYTEST_PYTHON_FILES)
+    if not paths and not options.get("python_files"):
+        return None
+    if not paths:
+        return tuple(f"*{f}" if not f.startswith("*") else f for f in files)
+    out: list[str] = []
+    for path in paths:
+        for pattern in files:
+            out += [f"{path}/{pattern}", f"{path}/**/{pattern}"]
+    return tuple(dict.fromkeys(out))
+
+
+def detect_layout(repo: Repo, rev: str) -> Layout:
+    """The repository's pytest configuration at ``rev``, else :data:`DEFAULT_PATTERNS`."""
+    for name in _CONFIG_FILES:
+        data = repo.show(rev, name)
+        if data is None:
+            continue
+        options = _pytest_section(name, data.decode("utf-8", errors="replace"))
+        if options is None:
+            continue
+        patterns = patterns_from_pytest(options)
+        if patterns:
+            return Layout(patterns, f"{name} (testpaths/python_files)")
+    return Layout(DEFAULT_PATTERNS, "defaults")
+
+
+class EmptyUniverse(ValueError):
+    """No test to choose from: a selection would silently run nothing."""
