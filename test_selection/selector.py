@@ -11,11 +11,12 @@ from reuse_specs.loader import LoadedSpec, load_specs
 from reuse_specs.matching import TestVariant, decide
 from reuse_specs.modes import Mode
 from test_selection.agents import Agent, NoAgent
-from test_selection.candidates import Context, Heuristic, collect_evidence
+from test_selection.candidates import Context, Heuristic, collect_evidence, default_heuristics
 from test_selection.change_analysis import ChangeAnalysis, analyze
 from test_selection.git import Repo
-from test_selection.inventory import Inventory, build_inventory, default_cache_dir
+from test_selection.inventory import Inventory, build_inventory, default_cache_dir, is_test_path
 from test_selection.layout import EmptyUniverse, Layout, detect_layout
+from test_selection.learned import FileRanking, TooLittleHistory, rank_files
 from test_selection.observations import Learned, Observation, learn
 from test_selection.plan import durations_for, make_plan
 from test_selection.types import Budget, Evidence, Scored, TestId, TestPlan
@@ -36,6 +37,7 @@ class SelectorConfig:
     history_commits: int = 2000
     # past results of this backend (the relay's): learned durations, failures, flakes
     observations: tuple[Observation, ...] = ()
+    learn: bool = True  # rank test files with weights learned from the repository's history
 
 
 def spec_universe(
@@ -63,6 +65,42 @@ def spec_universe(
             f"unlisted_test_mode (e.g. {', '.join(unlisted[:3])})"
         )
     return universe, modes, notes
+
+
+LEARNED_SIGNALS = frozenset({"co-change", "path-keywords"})
+
+
+def _learned_ranking(
+    repo: Repo,
+    change: ChangeAnalysis,
+    inventory: Inventory,
+    universe: set[TestId],
+    layout: Layout,
+    config: SelectorConfig,
+) -> FileRanking | None:
+    """The repository's learned ranking of the universe's test files, or None (and a note
+    why) when its history is too short: then the hand weights rank them."""
+    files = sorted({t.file for t in universe})
+    imports = {p: set(f.imports) for p, f in inventory.files.items()}
+    sources = {f.path for f in change.source_files} | {
+        f.old_path for f in change.source_files if f.old_path
+    }
+    roots = repo.text("rev-list", "--max-parents=0", "--end-of-options", change.base).split()
+    key = f"{','.join(sorted(roots))}|{'|'.join(layout.patterns)}"
+    try:
+        return rank_files(
+            repo,
+            change.base,
+            sources,
+            files,
+            imports,
+            lambda path: is_test_path(path, layout.patterns),
+            config.cache_dir,
+            key,
+        )
+    except TooLittleHistory as why:
+        change.parse_errors.append(str(why))
+        return None
 
 
 def select(
@@ -132,7 +170,26 @@ def select(
         config.history_commits,
         learned.flakes,
     )
-    evidence = collect_evidence(change, inventory, ctx, config.heuristics)
+    learned_files = None
+    heuristics = config.heuristics
+    if config.learn and heuristics is None:
+        learned_files = _learned_ranking(repo, change, inventory, universe, layout, config)
+        if learned_files is not None:  # it has co-change and path words inside
+            heuristics = [h for h in default_heuristics() if h.name not in LEARNED_SIGNALS]
+            notes.append(learned_files.note)
+    lap("learned")
+    evidence = collect_evidence(change, inventory, ctx, heuristics)
+    if learned_files is not None:
+        for test in universe:
+            if test.file in learned_files.scores:
+                evidence.setdefault(test, []).append(
+                    Evidence(
+                        "candidates",
+                        "learned",
+                        learned_files.scores[test.file],
+                        learned_files.reasons[test.file],
+                    )
+                )
     scored = {
         t: Scored(t, list(evidence.get(t, []))) for t in sorted(universe, key=lambda t: t.sort_key)
     }

@@ -106,7 +106,41 @@ def test_local_agent_ranks_related_tests_higher(
     ]
     view = sims[TestId("test/test_view_ops.py", "TestViewOps", "test_view_shares_storage")]
     assert gelu > view
-    assert list((tmp_path / "c" / "embeddings").glob("*.npz"))  # cached per inventory
+    assert list((tmp_path / "c" / "embeddings").glob("*.npz"))  # kept on disk
+
+
+@pytest.mark.slow
+def test_local_agent_embeds_a_test_once_across_revisions(
+    sample_upstream: SampleUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model stays loaded and an unchanged test is never embedded again, even at another
+    revision (the cache is keyed by the text, not by the tree)."""
+    from test_selection import agents
+
+    model = agents._embedding_model()
+    embedded: list[int] = []
+    original = model.encode
+
+    def counting(texts: list[str], **kwargs: Any) -> Any:
+        embedded.append(len(texts))
+        return original(texts, **kwargs)
+
+    monkeypatch.setattr(model, "encode", counting)
+    repo = Repo(sample_upstream.path)
+    for older, newer in ((3, 4), (4, 5)):
+        change = analyze(
+            repo, sample_upstream.commits[older].sha, sample_upstream.commits[newer].sha
+        )
+        inv = build_inventory(repo, sample_upstream.commits[newer].sha, cache_dir=tmp_path / "c")
+        scored = {t.id: Scored(t.id) for t in inv.tests()}
+        LocalAgent(tmp_path / "c").review(change, scored, inv)
+    assert agents._embedding_model() is model  # loaded once for the process
+    assert len(embedded) == 4  # [tests, hunks] per review: the second had tests to embed
+    assert 0 < embedded[2] < embedded[0]  # only the tests the newer commit changed or added
+    agents._STORES.clear()  # a new process reads the store from disk: no test to embed
+    scored = {t.id: Scored(t.id) for t in inv.tests()}
+    LocalAgent(tmp_path / "c").review(change, scored, inv)
+    assert len(embedded) == 5 and embedded[4] == embedded[3]  # the change's hunks only
 
 
 def test_llm_agent_speaks_openai_json_and_is_bounded(

@@ -51,7 +51,14 @@ def test_common_layouts_work_without_flags(tmp_path: Path, test_path: str) -> No
     assert {p.test.file for p in plan.selected} == {test_path}
     assert plan.patterns == list(DEFAULT_PATTERNS)
     data = plan.to_json()
-    assert set(data["timings"]) == {"change_analysis", "inventory", "candidates", "agent", "plan"}
+    assert set(data["timings"]) == {
+        "change_analysis",
+        "inventory",
+        "learned",
+        "candidates",
+        "agent",
+        "plan",
+    }
     assert data["shares"]["tests"] == 1.0 and data["shares"]["test_files"] == 1.0
 
 

@@ -1,0 +1,191 @@
+"""The selector on real history: test-file recall at 5 %, 15 % and 25 % of the test files.
+
+For each of the newest N commits of a repository that change source and test files together
+(test files that existed before), the selector sees the change without its test edits and
+the tests as they were before it; the edited test files are the truth. Every strategy ranks
+the test files (a file's score is its best test's), and the top share is taken:
+
+- ``selector``: the full selector (the learned ranking when history allows, plus the
+  test-level heuristics: edited, references, failures);
+- ``hand weights``: the selector with learning off (every heuristic, hand-set weights);
+- each heuristic alone;
+- ``co-change + path``: the baseline DEVELOPERS.md describes (co-change counts with the
+  changed files over the history before the commit, then path tokens), written here;
+- ``random``: a seeded shuffle.
+
+Prints recall per share and the time per change of ``select()`` (cold: the first change,
+model fit included; warm: the median of the rest). Needs real histories (not in the repo):
+
+    # with the search tool:  fetch github:pytorch/rl   and   fetch github:pytorch/torchtune
+    git clone /work/.mirror/pytorch+rl/repo /work/scratch/rl
+    python bench/bench_selection_history.py /work/scratch/rl /work/scratch/torchtune
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from test_selection.candidates import Context, collect_evidence, default_heuristics  # noqa: E402
+from test_selection.evaluate import _changed  # noqa: E402
+from test_selection.git import Repo  # noqa: E402
+from test_selection.inventory import build_inventory, is_test_path  # noqa: E402
+from test_selection.layout import detect_layout  # noqa: E402
+from test_selection.selector import SelectorConfig, select  # noqa: E402
+from test_selection.types import Budget  # noqa: E402
+
+SHARES = (0.05, 0.15, 0.25)
+
+
+def baseline_scores(
+    repo: Repo, parent: str, sources: set[str], files: list[str]
+) -> dict[str, float]:
+    """Co-change counts with the changed files (history before the commit), then path tokens."""
+    log = repo.text("log", "--no-merges", "--name-only", "--format=%x01", "-n3000", parent, "--")
+    together: Counter[str] = Counter()
+    present = set(files)
+    for block in log.split("\x01"):
+        paths = set(block.split())
+        if paths & sources:
+            together.update(p for p in paths if p in present)
+    words = {w for s in sources for w in re.split(r"[/_.\-]+", s.lower()) if len(w) > 2}
+    return {f: together[f] * 10 + len(words & set(re.split(r"[/_.\-]+", f.lower()))) for f in files}
+
+
+def top_files(
+    scores: dict[str, float], files: list[str], share: float, rng: random.Random
+) -> set[str]:
+    count = max(1, round(len(files) * share))
+    order = sorted(files, key=lambda f: (-scores.get(f, 0.0), rng.random()))
+    return set(order[:count])
+
+
+def evaluate(path: Path, commits: int, cache: Path) -> None:
+    repo = Repo(path)
+    head = repo.resolve("HEAD")
+    patterns = detect_layout(repo, head).patterns
+    shas = repo.text("rev-list", "--no-merges", "--reverse", "HEAD").split()
+    candidates = []
+    for sha in shas[1:]:
+        tests, sources = _changed(repo, sha, patterns)
+        if tests and sources:
+            candidates.append((sha, tests, sources))
+    candidates = candidates[-commits:]
+    print(f"\n{path.name}: {len(shas)} commits, patterns {', '.join(patterns)}")
+    print(f"evaluating the newest {len(candidates)} that change source and tests together")
+    names = [
+        "selector",
+        "hand weights",
+        *[h.name for h in default_heuristics()],
+        "co-change + path",
+        "random",
+    ]
+    hits = {n: dict.fromkeys(SHARES, 0) for n in names}
+    truths = 0
+    times: list[float] = []
+    test_share = dict.fromkeys(SHARES, 0.0)
+    rng = random.Random(0)
+    evaluated = 0
+    for i, (sha, truth, _sources) in enumerate(candidates, 1):
+        parent = repo.resolve(f"{sha}^")
+        hidden = {
+            p
+            for p in repo.text("diff", "--name-only", parent, sha).split()
+            if is_test_path(p, patterns)
+        }
+        config = SelectorConfig(budget=Budget("all"), cache_dir=cache, patterns=patterns)
+        started = time.perf_counter()
+        try:
+            plan, change = select(
+                path, parent, sha, None, config, exclude_paths=hidden, inventory_rev=parent
+            )
+        except ValueError:
+            continue  # no test before this commit
+        times.append(time.perf_counter() - started)
+        inventory = build_inventory(repo, parent, patterns, cache)
+        files = sorted(inventory.files)
+        truth_in = truth & set(files)
+        if not truth_in:
+            continue
+        evaluated += 1
+        truths += len(truth_in)
+        per_strategy: dict[str, dict[str, float]] = {}
+        full: dict[str, float] = {}
+        for item in plan.selected + plan.excluded:
+            full[item.test.file] = max(full.get(item.test.file, float("-inf")), item.score)
+        per_strategy["selector"] = full
+        universe = {t.id for t in inventory.tests()}
+        ctx = Context(repo, universe)
+        hand = collect_evidence(change, inventory, ctx)
+        per_strategy["hand weights"] = _by_file(hand)
+        for heuristic in default_heuristics():
+            alone = collect_evidence(change, inventory, ctx, [heuristic])
+            per_strategy[heuristic.name] = _by_file(alone)
+        sources = {f.path for f in change.source_files}
+        per_strategy["co-change + path"] = baseline_scores(repo, parent, sources, files)
+        per_strategy["random"] = {}
+        for share in SHARES:
+            for name, scores in per_strategy.items():
+                chosen = top_files(scores, files, share, rng)
+                hits[name][share] += len(chosen & truth_in)
+            tests_in = sum(
+                len(inventory.files[f].tests) for f in top_files(full, files, share, rng)
+            )
+            test_share[share] += tests_in / max(1, len(universe))
+        if i % 20 == 0:
+            print(f"  {i}/{len(candidates)} commits", flush=True)
+    print(f"{evaluated} commits evaluated, {truths} edited test files to find")
+    header = "strategy".ljust(22) + "".join(f"{f'{s:.0%} of files':>14}" for s in SHARES)
+    print(header)
+    for name in names:
+        row = "".join(f"{hits[name][s] / max(1, truths):>14.3f}" for s in SHARES)
+        print(name.ljust(22) + row)
+    shares = ", ".join(
+        f"{s:.0%} of files = {test_share[s] / max(1, evaluated):.1%} of tests" for s in SHARES
+    )
+    print(f"selector's tests at those file shares: {shares}")
+    if times:
+        warm = statistics.median(times[1:]) if len(times) > 1 else times[0]
+        print(
+            f"select() per change: cold {times[0]:.2f} s (model fit included), warm median {warm:.2f} s"
+        )
+    best = {s: max(hits[n][s] for n in names if n not in ("selector",)) for s in SHARES}
+    for s in SHARES:
+        ours, base = (
+            hits["selector"][s] / max(1, truths),
+            hits["co-change + path"][s] / max(1, truths),
+        )
+        print(
+            f"  at {s:.0%}: selector {ours:.3f} vs co-change + path {base:.3f} ({ours - base:+.3f}); best other {best[s] / max(1, truths):.3f}"
+        )
+
+
+def _by_file(evidence: dict) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for test, items in evidence.items():
+        out[test.file] = max(out.get(test.file, 0.0), sum(e.score for e in items))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("repos", nargs="+", type=Path, help="git checkouts with real history")
+    parser.add_argument("--commits", type=int, default=200)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-history-") as tmp:
+        for repo in args.repos:
+            evaluate(repo.resolve(), args.commits, Path(tmp) / "cache")
+
+
+if __name__ == "__main__":
+    main()
