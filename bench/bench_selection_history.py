@@ -157,7 +157,8 @@ def evaluate(path: Path, commits: int, cache: Path) -> None:
     if times:
         warm = statistics.median(times[1:]) if len(times) > 1 else times[0]
         print(
-            f"select() per change: cold {times[0]:.2f} s (model fit included), warm median {warm:.2f} s"
+            f"select() per change: cold {times[0]:.2f} s (model fit included), "
+            f"warm median {warm:.2f} s"
         )
     best = {s: max(hits[n][s] for n in names if n not in ("selector",)) for s in SHARES}
     for s in SHARES:
@@ -165,8 +166,10 @@ def evaluate(path: Path, commits: int, cache: Path) -> None:
             hits["selector"][s] / max(1, truths),
             hits["co-change + path"][s] / max(1, truths),
         )
+        other = best[s] / max(1, truths)
         print(
-            f"  at {s:.0%}: selector {ours:.3f} vs co-change + path {base:.3f} ({ours - base:+.3f}); best other {best[s] / max(1, truths):.3f}"
+            f"  at {s:.0%}: selector {ours:.3f} vs co-change + path {base:.3f} "
+            f"({ours - base:+.3f}); best other strategy {other:.3f}"
         )
 
 
