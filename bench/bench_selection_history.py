@@ -3,7 +3,9 @@
 For each of the newest N commits of a repository that change source and test files together
 (test files that existed before), the selector sees the change without its test edits and
 the tests as they were before it; the edited test files are the truth. Every strategy ranks
-the test files (a file's score is its best test's), and the top share is taken:
+the test files (a file's score is its best test's), and the top share is taken. Recall is
+counted over all edited test files (a commit editing ten counts ten times), and also
+averaged per change:
 
 - ``selector``: the full selector (the learned ranking when history allows, plus the
   test-level heuristics: edited, references, failures);
@@ -91,6 +93,7 @@ def evaluate(path: Path, commits: int, cache: Path) -> None:
         "random",
     ]
     hits = {n: dict.fromkeys(SHARES, 0) for n in names}
+    per_change = {n: dict.fromkeys(SHARES, 0.0) for n in names}  # recall averaged per change
     truths = 0
     times: list[float] = []
     test_share = dict.fromkeys(SHARES, 0.0)
@@ -138,6 +141,7 @@ def evaluate(path: Path, commits: int, cache: Path) -> None:
             for name, scores in per_strategy.items():
                 chosen = top_files(scores, files, share, rng)
                 hits[name][share] += len(chosen & truth_in)
+                per_change[name][share] += len(chosen & truth_in) / len(truth_in)
             tests_in = sum(
                 len(inventory.files[f].tests) for f in top_files(full, files, share, rng)
             )
@@ -149,6 +153,10 @@ def evaluate(path: Path, commits: int, cache: Path) -> None:
     print(header)
     for name in names:
         row = "".join(f"{hits[name][s] / max(1, truths):>14.3f}" for s in SHARES)
+        print(name.ljust(22) + row)
+    print("the same, recall averaged per change (each change counts once):")
+    for name in ("selector", "hand weights", "co-change + path", "random"):
+        row = "".join(f"{per_change[name][s] / max(1, evaluated):>14.3f}" for s in SHARES)
         print(name.ljust(22) + row)
     shares = ", ".join(
         f"{s:.0%} of files = {test_share[s] / max(1, evaluated):.1%} of tests" for s in SHARES
