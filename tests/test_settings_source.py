@@ -28,7 +28,7 @@ REVIEWED = {
     ("ci_relay/job_report.py", "bearer_token"): "a job's token or Actions' OIDC variables",
     ("ci_relay/report_cli.py", "_run_url"): "GitHub Actions' GITHUB_SERVER_URL/REPOSITORY",
     ("ci_relay/execution/runtimes.py", "shard_env"): "PATH/LANG/TZ passed to a shard (allowlist)",
-    ("test_selection/agents.py", "_encode"): "writes: keeps the embedding library offline",
+    ("test_selection/agents.py", "_embedding_model"): "writes: keeps the model library offline",
     ("test_selection/inventory.py", "default_cache_dir"): "XDG_CACHE_HOME: the platform's rule",
     ("reuse_specs/pytest_plugin.py", "pytest_configure"): "writes the backend's test variables",
     ("spyre_emu/_lock.py", "lock_dir"): "inside the test process: set by the backend profile",
