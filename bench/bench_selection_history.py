@@ -13,7 +13,9 @@ averaged per change:
 - each heuristic alone;
 - ``co-change + path``: the baseline DEVELOPERS.md describes (co-change counts with the
   changed files over the history before the commit, then path tokens), written here;
-- ``random``: a seeded shuffle.
+- ``random``: a seeded shuffle;
+- ``best possible``: an oracle that knows the edited files: a commit that edits more test
+  files than the share holds cannot be fully found by any selector.
 
 Prints recall per share and the time per change of ``select()`` (cold: the first change,
 model fit included; warm: the median of the rest). Needs real histories (not in the repo):
@@ -38,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from test_selection.agents import LocalAgent  # noqa: E402
 from test_selection.candidates import Context, collect_evidence, default_heuristics  # noqa: E402
 from test_selection.evaluate import _changed  # noqa: E402
 from test_selection.git import Repo  # noqa: E402
@@ -72,7 +75,7 @@ def top_files(
     return set(order[:count])
 
 
-def evaluate(path: Path, commits: int, cache: Path) -> None:
+def evaluate(path: Path, commits: int, cache: Path, with_agent: bool) -> None:
     repo = Repo(path)
     head = repo.resolve("HEAD")
     patterns = detect_layout(repo, head).patterns
@@ -87,15 +90,18 @@ def evaluate(path: Path, commits: int, cache: Path) -> None:
     print(f"evaluating the newest {len(candidates)} that change source and tests together")
     names = [
         "selector",
+        *(["selector + agent"] if with_agent else []),
         "hand weights",
         *[h.name for h in default_heuristics()],
         "co-change + path",
         "random",
+        "best possible",
     ]
     hits = {n: dict.fromkeys(SHARES, 0) for n in names}
     per_change = {n: dict.fromkeys(SHARES, 0.0) for n in names}  # recall averaged per change
     truths = 0
     times: list[float] = []
+    agent_times: list[float] = []
     test_share = dict.fromkeys(SHARES, 0.0)
     rng = random.Random(0)
     evaluated = 0
@@ -127,6 +133,21 @@ def evaluate(path: Path, commits: int, cache: Path) -> None:
         for item in plan.selected + plan.excluded:
             full[item.test.file] = max(full.get(item.test.file, float("-inf")), item.score)
         per_strategy["selector"] = full
+        if with_agent:
+            agent_config = SelectorConfig(
+                budget=Budget("all"), cache_dir=cache, patterns=patterns, agent=LocalAgent(cache)
+            )
+            started = time.perf_counter()
+            agent_plan, _ = select(
+                path, parent, sha, None, agent_config, exclude_paths=hidden, inventory_rev=parent
+            )
+            agent_times.append(time.perf_counter() - started)
+            with_review: dict[str, float] = {}
+            for item in agent_plan.selected + agent_plan.excluded:
+                with_review[item.test.file] = max(
+                    with_review.get(item.test.file, float("-inf")), item.score
+                )
+            per_strategy["selector + agent"] = with_review
         universe = {t.id for t in inventory.tests()}
         ctx = Context(repo, universe)
         hand = collect_evidence(change, inventory, ctx)
@@ -138,6 +159,10 @@ def evaluate(path: Path, commits: int, cache: Path) -> None:
         per_strategy["co-change + path"] = baseline_scores(repo, parent, sources, files)
         per_strategy["random"] = {}
         for share in SHARES:
+            # a change editing more test files than the share holds cannot be fully found
+            most = min(len(truth_in), max(1, round(len(files) * share)))
+            hits["best possible"][share] += most
+            per_change["best possible"][share] += most / len(truth_in)
             for name, scores in per_strategy.items():
                 chosen = top_files(scores, files, share, rng)
                 hits[name][share] += len(chosen & truth_in)
@@ -155,7 +180,14 @@ def evaluate(path: Path, commits: int, cache: Path) -> None:
         row = "".join(f"{hits[name][s] / max(1, truths):>14.3f}" for s in SHARES)
         print(name.ljust(22) + row)
     print("the same, recall averaged per change (each change counts once):")
-    for name in ("selector", "hand weights", "co-change + path", "random"):
+    for name in (
+        "selector",
+        *(["selector + agent"] if with_agent else []),
+        "hand weights",
+        "co-change + path",
+        "random",
+        "best possible",
+    ):
         row = "".join(f"{per_change[name][s] / max(1, evaluated):>14.3f}" for s in SHARES)
         print(name.ljust(22) + row)
     shares = ", ".join(
@@ -168,7 +200,15 @@ def evaluate(path: Path, commits: int, cache: Path) -> None:
             f"select() per change: cold {times[0]:.2f} s (model fit included), "
             f"warm median {warm:.2f} s"
         )
-    best = {s: max(hits[n][s] for n in names if n not in ("selector",)) for s in SHARES}
+    if agent_times:
+        warm = statistics.median(agent_times[1:]) if len(agent_times) > 1 else agent_times[0]
+        print(
+            f"select() with the local agent: cold {agent_times[0]:.2f} s (model load and "
+            f"embeddings included), warm median {warm:.2f} s"
+        )
+    best = {
+        s: max(hits[n][s] for n in names if n not in ("selector", "best possible")) for s in SHARES
+    }
     for s in SHARES:
         ours, base = (
             hits["selector"][s] / max(1, truths),
@@ -192,10 +232,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("repos", nargs="+", type=Path, help="git checkouts with real history")
     parser.add_argument("--commits", type=int, default=200)
+    parser.add_argument(
+        "--agent", action="store_true", help="also the selector with the local embedding agent"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-history-") as tmp:
         for repo in args.repos:
-            evaluate(repo.resolve(), args.commits, Path(tmp) / "cache")
+            evaluate(repo.resolve(), args.commits, Path(tmp) / "cache", args.agent)
 
 
 if __name__ == "__main__":

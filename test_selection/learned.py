@@ -41,12 +41,16 @@ FEATURES = (
     "imports a changed module",
     "changed recently itself",
     "changes often itself",
+    "co-change with these sources' folders",  # per folder, like the first, one level up
+    "its folders mirror a changed path",  # share of a source's folders found in its path
 )
 HISTORY_COMMITS = 3000  # history read before the change
 TRAIN_COMMITS = 300  # of those, the newest commits that changed source and tests together
 MIN_POSITIVES = 30  # fewer labelled test files than this: too little to learn from
 REFIT_EVERY = 50  # a fit serves the next commits until history has grown this much
 DECAY = 0.995  # per commit, for "recent"
+UNSURE = (0.1, 0.9)  # learned probabilities the model cannot call either way
+_RELATION = (0, 1, 2, 3, 4, 5, 6, 9, 10)  # features that relate a test file to the change
 _STOP = {"test", "tests", "init", "py", "src", "__init__", "utils", "util", "common", "main"}
 _SPLIT = re.compile(r"[/_.\-]+")
 
@@ -70,6 +74,8 @@ class History:
     shas: tuple[str, ...]
     files: tuple[tuple[str, ...], ...]
     postings: dict[str, list[int]]
+    # folder -> path in it -> commit indexes (for folder-level co-change)
+    folder_postings: dict[str, dict[str, list[int]]]
 
     @classmethod
     def read(cls, repo: Repo, rev: str, limit: int = HISTORY_COMMITS) -> History:
@@ -97,7 +103,11 @@ class History:
         for index, paths in enumerate(files):
             for path in paths:
                 postings[path].append(index)
-        return cls(tuple(shas), tuple(files), dict(postings))
+        folder_postings: dict[str, dict[str, list[int]]] = defaultdict(dict)
+        for path, indexes in postings.items():
+            if "/" in path:
+                folder_postings[path.rsplit("/", 1)[0]][path] = indexes
+        return cls(tuple(shas), tuple(files), dict(postings), dict(folder_postings))
 
 
 @lru_cache(maxsize=65536)
@@ -145,6 +155,20 @@ def features(
             if test in test_set:
                 together[test] += 1
                 recent[test] += DECAY ** (at - i)
+    folder_pair: dict[str, float] = defaultdict(float)
+    folders = {s.rsplit("/", 1)[0] for s in sources if "/" in s}
+    for folder in folders:
+        indexes = sorted(
+            {i for p, ix in history.folder_postings.get(folder, {}).items() for i in ix if i < at}
+        )
+        if not indexes:
+            continue
+        per_folder: Counter[str] = Counter()
+        for i in indexes:
+            per_folder.update(p for p in history.files[i] if p in test_set)
+        for test, count in per_folder.items():
+            folder_pair[test] += count / len(indexes)
+    source_dirs = [[d for d in s.split("/")[:-1] if d not in _STOP] for s in sources]
     words = set().union(*(_words(s) for s in sources)) if sources else set()
     modules = [m.split(".") for m in (_module(s) for s in sources) if m]
     rows = []
@@ -169,9 +193,22 @@ def features(
                 imported,
                 DECAY ** (at - touches[-1]) if touches else 0.0,
                 math.log1p(len(touches)),
+                folder_pair[test],
+                _mirror(source_dirs, test),
             ]
         )
     return rows
+
+
+def _mirror(source_dirs: list[list[str]], test: str) -> float:
+    """How much of a changed file's folder path reappears in the test's folder path
+    (``pkg/models/llama/x.py`` and ``tests/pkg/models/llama/test_x.py``: 1.0)."""
+    test_dirs = set(test.split("/")[:-1])
+    best = 0.0
+    for dirs in source_dirs:
+        if dirs:
+            best = max(best, sum(d in test_dirs for d in dirs) / len(dirs))
+    return best
 
 
 @dataclass
@@ -286,6 +323,12 @@ class FileRanking:
     scores: dict[str, float]
     reasons: dict[str, str]
     note: str
+    # files the model cannot call either way: probability in UNSURE, or no relation to the
+    # change at all (no co-change, folder, word or import link): where an agent adds most
+    unsure: frozenset[str] = frozenset()
+
+    def is_unsure(self, test_file: str) -> bool:
+        return test_file in self.unsure
 
 
 def rank_files(
@@ -317,12 +360,15 @@ def rank_files(
     rows = features(history, len(history.files), sources, test_files, imports)
     probabilities = ranker.scores(rows)
     scores, reasons = {}, {}
+    unsure = set()
     for test, row, probability in zip(test_files, rows, probabilities, strict=True):
+        if UNSURE[0] <= probability <= UNSURE[1] or not any(row[j] for j in _RELATION):
+            unsure.add(test)
         parts = sorted(zip(ranker.contributions(row), FEATURES, strict=True), key=lambda x: -x[0])
         top = ", ".join(f"{name} {value:+.2f}" for value, name in parts[:3] if value > 0)
         scores[test] = probability
         reasons[test] = f"learned score {probability:.2f}" + (f" ({top})" if top else "")
-    return FileRanking(scores, reasons, note)
+    return FileRanking(scores, reasons, note, frozenset(unsure))
 
 
 class TooLittleHistory(ValueError):

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from reuse_specs.loader import LoadedSpec, load_specs
 from reuse_specs.matching import TestVariant, decide
 from reuse_specs.modes import Mode
-from test_selection.agents import Agent, NoAgent
+from test_selection.agents import Agent, NoAgent, Review
 from test_selection.candidates import Context, Heuristic, collect_evidence, default_heuristics
 from test_selection.change_analysis import ChangeAnalysis, analyze
 from test_selection.git import Repo
 from test_selection.inventory import Inventory, build_inventory, default_cache_dir, is_test_path
 from test_selection.layout import EmptyUniverse, Layout, detect_layout
-from test_selection.learned import FileRanking, TooLittleHistory, rank_files
+from test_selection.learned import UNSURE, FileRanking, TooLittleHistory, rank_files
 from test_selection.observations import Learned, Observation, learn
 from test_selection.plan import durations_for, make_plan
 from test_selection.types import Budget, Evidence, Scored, TestId, TestPlan
@@ -101,6 +101,37 @@ def _learned_ranking(
     except TooLittleHistory as why:
         change.parse_errors.append(str(why))
         return None
+
+
+def _review(
+    agent: Agent,
+    change: ChangeAnalysis,
+    scored: dict[TestId, Scored],
+    inventory: Inventory,
+    learned_files: FileRanking | None,
+) -> Review:
+    """The agent reviews where it can add information: every candidate under the hand
+    weights, and only the tests of files the learned ranking is unsure of when it is in
+    charge (the bench measured the agent adding little elsewhere, at several times the cost)."""
+    if learned_files is None or isinstance(agent, NoAgent):
+        return agent.review(change, scored, inventory)
+    unsure = {t: s for t, s in scored.items() if learned_files.is_unsure(t.file) or s.mandatory}
+    before = {t: len(s.evidence) for t, s in unsure.items()}
+    review = agent.review(change, unsure, inventory)
+    ceiling = UNSURE[1]
+    for test, item in unsure.items():
+        # reorder within the unsure band only: never above a file the model is sure of
+        room = max(0.0, ceiling - learned_files.scores.get(test.file, 0.0))
+        for k in range(before[test], len(item.evidence)):
+            evidence = item.evidence[k]
+            if evidence.score > room:
+                item.evidence[k] = replace(evidence, score=room)
+            room -= item.evidence[k].score
+    review.notes.append(
+        f"the {review.agent} agent reviewed the {len(unsure)} of {len(scored)} test(s) whose "
+        "files the learned ranking is unsure of; the learned ranking decides the rest"
+    )
+    return review
 
 
 def select(
@@ -194,7 +225,7 @@ def select(
         t: Scored(t, list(evidence.get(t, []))) for t in sorted(universe, key=lambda t: t.sort_key)
     }
     lap("candidates")
-    review = config.agent.review(change, scored, inventory)
+    review = _review(config.agent, change, scored, inventory, learned_files)
     lap("agent")
     durations = durations_for(
         list(scored), config.file_seconds, {**config.learned_seconds, **learned.seconds}

@@ -133,3 +133,45 @@ def test_a_corrupt_fit_is_refitted_not_a_crash(tmp_path: Path) -> None:
     again = rank_files(*args)
     assert again is not None and again.scores == pytest.approx(first.scores)
     assert cache.find(history) is not None  # written anew
+
+
+class _RecordingAgent:
+    """An agent of our own protocol that records which tests it was asked to review."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def review(self, change, scored, inventory):  # type: ignore[no-untyped-def]
+        from test_selection.agents import Review
+
+        self.seen |= {t.file for t in scored}
+        return Review(self.name, [])
+
+
+def test_the_agent_reviews_only_what_the_learned_ranking_is_unsure_of(tmp_path: Path) -> None:
+    repo, made = _history(tmp_path, 90)
+    sha, source = made[-1]
+    parent = repo.git("rev-parse", f"{sha}^")
+    truth = f"tests/test_check_{PAIRS[source]}.py"
+    sure, hand = _RecordingAgent(), _RecordingAgent()
+    common = {"budget": Budget("all"), "cache_dir": tmp_path / "cache"}
+    plan, _ = select(
+        repo.path, parent, sha, None, SelectorConfig(agent=sure, **common), exclude_paths={truth}
+    )
+    select(
+        repo.path,
+        parent,
+        sha,
+        None,
+        SelectorConfig(agent=hand, learn=False, **common),
+        exclude_paths={truth},
+    )
+    every = {f"tests/test_check_{t}.py" for t in PAIRS.values()} | {
+        f"tests/test_{s}_core_loader.py" for s in PAIRS
+    }
+    assert hand.seen == every  # the hand weights: the agent reviews every candidate
+    assert truth not in sure.seen  # the learned ranking is sure of the file history pairs
+    assert sure.seen < every
+    assert any("whose files the learned ranking is unsure of" in n for n in plan.notes)
