@@ -31,7 +31,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import insert, select, text
 
 from ci_relay.app import create_app
-from ci_relay.runtime import Runtime
+from ci_relay.context import RelayContext
 from ci_relay.settings import Settings
 from ci_relay.store.models import Change, Delivery, Run, Selection, Shard, TestResult
 
@@ -84,7 +84,7 @@ def _plan(i: int) -> dict[str, Any]:
     }
 
 
-def populate(rt: Runtime, commits: int, backends: list[str]) -> None:
+def populate(rt: RelayContext, commits: int, backends: list[str]) -> None:
     """Bulk-insert the rows the pipeline would have stored for ``commits`` × ``backends``."""
     with rt.db.session() as session:
         deliveries, changes, runs, selections, shards, results = [], [], [], [], [], []
@@ -199,8 +199,8 @@ def timed(get: Callable[[], Any], repeat: int) -> list[float]:
     return samples
 
 
-def app_for(url: str, data: Path) -> tuple[Runtime, TestClient]:
-    rt = Runtime(Settings(database_url=url, data_dir=data, webhook_secret="bench"))
+def app_for(url: str, data: Path) -> tuple[RelayContext, TestClient]:
+    rt = RelayContext(Settings(database_url=url, data_dir=data, webhook_secret="bench"))
     rt.db.upgrade()
     return rt, TestClient(create_app(rt, lambda steps: None))
 

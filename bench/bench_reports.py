@@ -43,8 +43,8 @@ from typing import Any
 import httpx
 from sqlalchemy import func, insert, select, update
 
+from ci_relay.context import RelayContext
 from ci_relay.reporting import sender
-from ci_relay.runtime import Runtime
 from ci_relay.settings import Settings
 from ci_relay.store.models import (
     Change,
@@ -103,7 +103,7 @@ def endpoint(delay: float) -> Iterator[tuple[str, list[int]]]:
         thread.join(10)
 
 
-def populate(rt: Runtime, reports: int) -> None:
+def populate(rt: RelayContext, reports: int) -> None:
     """``reports`` completed runs, each with results and one CRCR outbox row."""
     start = datetime(2026, 1, 1, tzinfo=UTC)
     deliveries, changes, runs, shards, results, outbox = [], [], [], [], [], []
@@ -191,7 +191,7 @@ def populate(rt: Runtime, reports: int) -> None:
             session.execute(insert(model), rows)
 
 
-def reset(rt: Runtime) -> None:
+def reset(rt: RelayContext) -> None:
     """Every report pending and due again, as if never sent."""
     with rt.db.session() as session:
         session.execute(
@@ -206,14 +206,14 @@ def reset(rt: Runtime) -> None:
         )
 
 
-def sweep(rt: Runtime) -> None:
+def sweep(rt: RelayContext) -> None:
     sender.deliver_due(rt)
 
 
-def tasks(workers: int, new_client: bool = False) -> Callable[[Runtime], None]:
+def tasks(workers: int, new_client: bool = False) -> Callable[[RelayContext], None]:
     """W threads, each taking the next message id and sending it as the Celery task does."""
 
-    def send_all(rt: Runtime) -> None:
+    def send_all(rt: RelayContext) -> None:
         with rt.db.session() as session:
             ids: queue.SimpleQueue[int] = queue.SimpleQueue()
             for pk in session.scalars(select(OutboxMessage.id).order_by(OutboxMessage.id)):
@@ -240,7 +240,9 @@ def tasks(workers: int, new_client: bool = False) -> Callable[[Runtime], None]:
     return send_all
 
 
-def measure(rt: Runtime, url: str, received: list[int], send: Callable[[Runtime], None]) -> float:
+def measure(
+    rt: RelayContext, url: str, received: list[int], send: Callable[[RelayContext], None]
+) -> float:
     """Reports per second for one pass over every row; checks each was sent exactly once."""
     reset(rt)
     rt.settings.crcr_callback_url = url
@@ -272,7 +274,7 @@ def main() -> None:
             crcr_callback_url="http://127.0.0.1:9/unset",
             report_timeout_seconds=30,
         )
-        rt = Runtime(settings)
+        rt = RelayContext(settings)
         rt.db.upgrade()
         populate(rt, args.reports)
         body_bytes: list[int] = []
@@ -282,7 +284,7 @@ def main() -> None:
             f"{args.delay * 1000:.0f} ms per request"
         )
         print(f"{'sender':16} {'instant':>12} {'slow':>12} {'slow/instant':>13} {'bound':>10}")
-        modes: list[tuple[str, Callable[[Runtime], None], int]] = [("sweep", sweep, 1)]
+        modes: list[tuple[str, Callable[[RelayContext], None], int]] = [("sweep", sweep, 1)]
         modes += [(f"tasks x{w}", tasks(w), w) for w in workers]
         modes += [(f"x{w} new client", tasks(w, new_client=True), w) for w in workers[:1]]
         with endpoint(0.0) as (fast_url, fast_seen), endpoint(args.delay) as (slow_url, slow_seen):

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ci_relay.app import create_app  # noqa: E402
-from ci_relay.runtime import Runtime  # noqa: E402
+from ci_relay.context import RelayContext  # noqa: E402
 from tests import fuzzing  # noqa: E402
 from tests.relay_fixtures import fresh_postgres_database, make_settings  # noqa: E402
 
@@ -120,7 +120,7 @@ def main() -> None:
     print(f"fuzzing campaign, seed {args.seed}, {args.examples} cases per target")
     total_failures = 0
     with tempfile.TemporaryDirectory(prefix="fuzz-") as tmp, fresh_postgres_database() as url:
-        rt = Runtime(
+        rt = RelayContext(
             make_settings(url, Path(tmp), hud_token=fuzzing.HUD_TOKEN, max_body_bytes=256 * 1024)
         )
         rt.db.upgrade()

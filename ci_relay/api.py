@@ -12,8 +12,8 @@ from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
 from ci_relay.api_docs import NOT_FOUND, DbId
+from ci_relay.context import RelayContext
 from ci_relay.metrics import Metrics
-from ci_relay.runtime import Runtime
 from ci_relay.store.database import ping
 from ci_relay.store.models import (
     Change,
@@ -118,7 +118,7 @@ READY = {
 }
 
 
-def make_router(rt: Runtime, metrics: Metrics, broker_ok: Callable[[], bool]) -> APIRouter:
+def make_router(rt: RelayContext, metrics: Metrics, broker_ok: Callable[[], bool]) -> APIRouter:
     router = APIRouter()
 
     def _listing(kind: str, limit: int) -> list[dict[str, Any]]:

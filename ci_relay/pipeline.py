@@ -7,30 +7,28 @@ duplicated or redelivered task does nothing twice; Celery tasks in
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, cast
 
-from sqlalchemy import CursorResult, func, or_, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ci_relay.checkouts import CheckoutError, UpstreamMirror
+from ci_relay.context import RelayContext
 from ci_relay.execution.devices import claim_device
 from ci_relay.execution.runtimes import Limits, RuntimeOptions, RuntimeUnavailable, get_runtime
-from ci_relay.execution.runtimes import Runtime as ExecRuntime
+from ci_relay.execution.runtimes import Runtime as Isolation
 from ci_relay.execution.shard import ShardRequest, run_shard
 from ci_relay.intake.events import ChangeIntent, InvalidPayload, summarize
 from ci_relay.outcomes import BAD_OUTCOMES
 from ci_relay.reporting.outbox import due as due_reports
 from ci_relay.reporting.outbox import enqueue_reports
-from ci_relay.runtime import Runtime
 from ci_relay.settings import Settings
+from ci_relay.steps import Next, claim_rows, delivery_event
 from ci_relay.store.models import (
     Change,
     Delivery,
@@ -58,31 +56,7 @@ log = logging.getLogger("ci_relay.pipeline")
 SHARD_TIMEOUT_SECONDS = 3600
 
 
-@dataclass(frozen=True)
-class Next:
-    """A task to enqueue after the step's transaction committed."""
-
-    task: str  # process | select | execute | collect | report
-    arg: int
-    backend: str | None = None
-
-
-def _rowcount(session: Session, statement: Any) -> int:
-    """Rows a conditional UPDATE changed: 1 means this worker claimed the row."""
-    result = cast(CursorResult[Any], session.execute(statement))
-    return result.rowcount
-
-
-def delivery_event(delivery: Delivery) -> tuple[str, dict[str, Any]]:
-    """The upstream event and payload a stored delivery carries (unwrapping CRCR envelopes)."""
-    data = json.loads(delivery.body)
-    if delivery.source == "dispatch":
-        envelope = data.get("client_payload", data)
-        return str(envelope["event_type"]), dict(envelope["payload"])
-    return delivery.event, data
-
-
-def delivery_id_of(rt: Runtime, task: str, pk: int) -> str | None:
+def delivery_id_of(rt: RelayContext, task: str, pk: int) -> str | None:
     """The GitHub/CRCR delivery id a task's row descends from (for log context)."""
     with rt.db.session() as session:
         if task == "process":
@@ -113,7 +87,7 @@ def delivery_id_of(rt: Runtime, task: str, pk: int) -> str | None:
         return session.scalar(query)
 
 
-def process_delivery(rt: Runtime, delivery_pk: int) -> list[Next]:
+def process_delivery(rt: RelayContext, delivery_pk: int) -> list[Next]:
     """Turn a received delivery into a change and the runs its policy asks for."""
     with rt.db.session() as session:
         delivery = session.get(Delivery, delivery_pk)
@@ -230,10 +204,10 @@ def _has_run(session: Session, head_sha: str, intent: ChangeIntent, backend: str
     ) > 0
 
 
-def select_tests(rt: Runtime, run_id: int, stale_after: timedelta) -> list[Next]:
+def select_tests(rt: RelayContext, run_id: int, stale_after: timedelta) -> list[Next]:
     """Run the four-stage selector for a run's change and store its plan and shards."""
     with rt.db.session() as session:
-        claimed = _rowcount(
+        claimed = claim_rows(
             session,
             update(Run)
             .where(Run.id == run_id)
@@ -295,7 +269,7 @@ LEARN_MAX_RESULTS = 200_000
 
 
 def past_observations(
-    rt: Runtime, repository: str, backend: str, exclude_run: int | None = None
+    rt: RelayContext, repository: str, backend: str, exclude_run: int | None = None
 ) -> tuple[Observation, ...]:
     """The results of the newest finished runs of this repository on this backend: what the
     selector learns durations, failures and flakes from."""
@@ -326,7 +300,7 @@ def past_observations(
 
 
 def _plan(
-    rt: Runtime, head: str, base: str | None, observations: tuple[Observation, ...] = ()
+    rt: RelayContext, head: str, base: str | None, observations: tuple[Observation, ...] = ()
 ) -> TestPlan:
     """The four-stage selector's plan for head against base (or head's parent)."""
     mirror = _upstream_mirror(rt)
@@ -359,7 +333,7 @@ def _plan(
 
 def shard_runtime(
     settings: Settings, backend: str, say: Callable[[str], None] = log.warning
-) -> ExecRuntime:
+) -> Isolation:
     """Where a shard's upstream code runs. Fails closed: ``auto`` takes a container when an
     engine and the runner image are there, else the bubblewrap sandbox, else refuses
     (:class:`RuntimeUnavailable`); ``local`` runs only when a person chose it
@@ -407,17 +381,17 @@ def runtime_options(settings: Settings) -> RuntimeOptions:
     )
 
 
-def _upstream_mirror(rt: Runtime) -> UpstreamMirror:
+def _upstream_mirror(rt: RelayContext) -> UpstreamMirror:
     """The bare mirror of the configured upstream, shared by every worker on this machine."""
     if rt.settings.upstream_repo is None:
         raise RuntimeError("CI_RELAY_UPSTREAM_REPO is not set: the relay has no upstream to test")
     return UpstreamMirror(rt.settings.upstream_repo, rt.settings.data_dir.resolve() / "mirrors")
 
 
-def execute_shard(rt: Runtime, shard_id: int, stale_after: timedelta) -> list[Next]:
+def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> list[Next]:
     """Run one shard's tests through the configured runtime and store every result."""
     with rt.db.session() as session:
-        claimed = _rowcount(
+        claimed = claim_rows(
             session,
             update(Shard)
             .where(Shard.id == shard_id)
@@ -511,7 +485,7 @@ def execute_shard(rt: Runtime, shard_id: int, stale_after: timedelta) -> list[Ne
     return [Next("collect", run_id)]
 
 
-def _run_failed(rt: Runtime, run_id: int, error: str) -> list[Next]:
+def _run_failed(rt: RelayContext, run_id: int, error: str) -> list[Next]:
     """End a run that cannot be tested (an infrastructure error), and report it."""
     with rt.db.session() as session:
         run = session.get(Run, run_id)
@@ -521,7 +495,7 @@ def _run_failed(rt: Runtime, run_id: int, error: str) -> list[Next]:
         return _reports(enqueue_reports(session, rt, run, "completed"))
 
 
-def _shard_failed(rt: Runtime, shard_id: int, run_id: int, error: str) -> list[Next]:
+def _shard_failed(rt: RelayContext, shard_id: int, run_id: int, error: str) -> list[Next]:
     """End a shard that could not run at all (an infrastructure error, shown as such)."""
     with rt.db.session() as session:
         shard = session.get(Shard, shard_id)
@@ -532,7 +506,7 @@ def _shard_failed(rt: Runtime, shard_id: int, run_id: int, error: str) -> list[N
     return [Next("collect", run_id)]
 
 
-def collect(rt: Runtime, run_id: int) -> list[Next]:
+def collect(rt: RelayContext, run_id: int) -> list[Next]:
     """Close a run once every shard finished; queue its report in the outbox."""
     with rt.db.session() as session:
         run = session.get(Run, run_id)
@@ -551,7 +525,7 @@ def collect(rt: Runtime, run_id: int) -> list[Next]:
             conclusion = "failure"
         else:
             conclusion = "success"
-        claimed = _rowcount(
+        claimed = claim_rows(
             session,
             update(Run)
             .where(Run.id == run_id, Run.state == RunState.RUNNING)
@@ -573,7 +547,7 @@ def _reports(message_ids: list[int]) -> list[Next]:
     return [Next("report", pk) for pk in message_ids]
 
 
-def reconcile(rt: Runtime, older_than: timedelta, stale_after: timedelta) -> list[Next]:
+def reconcile(rt: RelayContext, older_than: timedelta, stale_after: timedelta) -> list[Next]:
     """Work the database says is pending but that may have no message: enqueue it again."""
     cutoff = utcnow() - older_than
     out: list[Next] = []

@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import Callable
 
-from ci_relay.pipeline import Next
+from ci_relay.steps import Next
 
 log = logging.getLogger("ci_relay.publisher")
 

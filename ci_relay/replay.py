@@ -9,8 +9,8 @@ from pathlib import Path
 from sqlalchemy import select
 
 from ci_relay.intake.events import InvalidPayload, summarize
-from ci_relay.pipeline import Next
 from ci_relay.settings import Settings
+from ci_relay.steps import Next
 from ci_relay.store.models import Delivery, DeliveryState, utcnow
 
 

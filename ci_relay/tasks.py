@@ -18,11 +18,11 @@ from prometheus_client import Counter, Histogram
 from sqlalchemy.exc import OperationalError
 
 from ci_relay import pipeline
+from ci_relay.context import RelayContext
 from ci_relay.logs import delivery_context
-from ci_relay.pipeline import Next
 from ci_relay.reporting import sender
-from ci_relay.runtime import Runtime
 from ci_relay.settings import Settings
+from ci_relay.steps import Next
 
 log = logging.getLogger("ci_relay.tasks")
 
@@ -35,17 +35,17 @@ TASK_SECONDS = Histogram(
 )
 TASKS = Counter("ci_relay_tasks_total", "Pipeline steps run, by outcome", ["task", "outcome"])
 SHORT_QUEUES = ("intake", "select", "report")
-_runtime: Runtime | None = None
+_runtime: RelayContext | None = None
 
 
 def exec_queue(backend: str) -> str:
     return f"exec.{backend}"
 
 
-def configure(settings: Settings) -> Runtime:
+def configure(settings: Settings) -> RelayContext:
     """Point the Celery app and the pipeline at these settings (call once per process)."""
     global _runtime
-    _runtime = Runtime(settings)
+    _runtime = RelayContext(settings)
     transport: dict[str, Any] = {"visibility_timeout": settings.task_visibility_timeout}
     if settings.embedded_broker:
         folder = settings.broker_folder
@@ -80,7 +80,7 @@ def configure(settings: Settings) -> Runtime:
     return _runtime
 
 
-def runtime() -> Runtime:
+def runtime() -> RelayContext:
     return _runtime if _runtime is not None else configure(Settings())
 
 

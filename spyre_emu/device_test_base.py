@@ -10,7 +10,7 @@ Run upstream device-generic tests on the emulator with::
 while it is being imported and appends ``TEST_CLASS`` to its device bases;
 ``PYTORCH_TESTING_DEVICE_ONLY_FOR=privateuse1`` then keeps only it. The file
 loads the emulator itself, so nothing else has to be imported first; the class
-is built as for a real card (``spyre_emu.test_base``).
+is built as for a real card (``reuse_specs.devices.spyre_test_class``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ except ImportError:  # run by path from an environment without the package insta
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import spyre_emu
 
-from spyre_emu.test_base import spyre_test_class
+from reuse_specs.devices.spyre_test_class import spyre_test_class
 
 spyre_emu.load()
 

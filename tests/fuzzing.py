@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from ci_relay import pipeline
+from ci_relay.context import RelayContext
 from ci_relay.intake.signature import sign
-from ci_relay.runtime import Runtime
 from ci_relay.store.models import AuditRecord, Change, CrcrResult, Delivery, Run
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "github"
@@ -330,7 +330,7 @@ SPEC_ERROR_LINE = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+): error:
 # --- properties ---------------------------------------------------------------------------
 
 
-def row_counts(rt: Runtime) -> dict[str, int]:
+def row_counts(rt: RelayContext) -> dict[str, int]:
     with rt.db.session() as session:
         return {
             model.__tablename__: session.scalar(select(func.count()).select_from(model)) or 0
@@ -352,7 +352,7 @@ class Tally:
 
 
 def check_webhook(
-    post: Callable[..., Any], rt: Runtime, headers: dict[str, str], body: bytes, tally: Tally
+    post: Callable[..., Any], rt: RelayContext, headers: dict[str, str], body: bytes, tally: Tally
 ) -> None:
     """One webhook: an expected status, rows only for an accepted delivery, and a stored
     delivery that the pipeline can process without raising."""
@@ -383,7 +383,7 @@ def check_webhook(
     pipeline.process_delivery(rt, pk)  # must not raise on anything intake accepted
 
 
-def check_dispatch(post: Callable[..., Any], rt: Runtime, body: bytes, tally: Tally) -> None:
+def check_dispatch(post: Callable[..., Any], rt: RelayContext, body: bytes, tally: Tally) -> None:
     before = row_counts(rt)
     response = post(
         "/webhooks/dispatch",
@@ -403,7 +403,7 @@ def check_dispatch(post: Callable[..., Any], rt: Runtime, body: bytes, tally: Ta
             pipeline.process_delivery(rt, newest.id)
 
 
-def check_ingest(post: Callable[..., Any], rt: Runtime, body: bytes, tally: Tally) -> None:
+def check_ingest(post: Callable[..., Any], rt: RelayContext, body: bytes, tally: Tally) -> None:
     before = row_counts(rt)
     response = post(
         "/api/crcr/results",

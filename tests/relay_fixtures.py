@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
 from ci_relay.app import create_app
-from ci_relay.pipeline import Next
-from ci_relay.runtime import Runtime
+from ci_relay.context import RelayContext
 from ci_relay.settings import Settings
+from ci_relay.steps import Next
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "CI_RELAY_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -69,7 +69,7 @@ def fresh_postgres_database() -> Iterator[str]:
 
 @dataclass
 class Relay:
-    rt: Runtime
+    rt: RelayContext
     client: TestClient
     enqueued: list[Next] = field(default_factory=list)
 
@@ -89,7 +89,7 @@ def make_settings(database_url: str, tmp_path: Path, **extra: object) -> Setting
 
 @pytest.fixture
 def relay(database_url: str, tmp_path: Path) -> Iterator[Relay]:
-    rt = Runtime(make_settings(database_url, tmp_path, max_body_bytes=64 * 1024))
+    rt = RelayContext(make_settings(database_url, tmp_path, max_body_bytes=64 * 1024))
     rt.db.upgrade()
     enqueued: list[Next] = []
     app = create_app(rt, enqueued.extend)

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import insert
 
-from ci_relay.runtime import Runtime
+from ci_relay.context import RelayContext
 from ci_relay.store.models import Change, Delivery, Run, Shard, TestResult, utcnow
 
 Answer = tuple[int, dict[str, str], bytes]
@@ -491,7 +491,7 @@ PR_PAYLOAD_TEMPLATE: dict[str, Any] = {
 
 
 def seed_run(
-    rt: Runtime,
+    rt: RelayContext,
     *,
     repository: str = "sample/pytorch",
     level: str = "L2",

@@ -23,7 +23,7 @@ from schemathesis import BaseSchema as BaseOpenAPISchema
 
 from ci_relay import pipeline
 from ci_relay.app import create_app
-from ci_relay.runtime import Runtime
+from ci_relay.context import RelayContext
 from ci_relay.settings import Settings
 from ci_relay.store.models import Change, Run, Shard, TestResult
 from tests import fuzzing
@@ -32,7 +32,7 @@ from tests.relay_fixtures import DISPATCH_TOKEN, FIXTURES, POLICY, fresh_postgre
 TABLES = ("deliveries", "changes", "runs", "crcr_results")
 
 
-def _seed(rt: Runtime, client: Any) -> None:
+def _seed(rt: RelayContext, client: Any) -> None:
     """One of every row the read side shows."""
     body = (FIXTURES / "pull_request/opened.payload.json").read_bytes()
     response = client.post(
@@ -57,12 +57,12 @@ def _seed(rt: Runtime, client: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def relay_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Runtime, FastAPI]]:
+def relay_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RelayContext, FastAPI]]:
     tmp = tmp_path_factory.mktemp("schema")
     policy = tmp / "policy.yaml"
     policy.write_text(POLICY)
     with fresh_postgres_database() as url:
-        rt = Runtime(
+        rt = RelayContext(
             Settings(
                 database_url=url,
                 data_dir=tmp / "data",
@@ -83,7 +83,7 @@ def relay_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Runtim
 
 
 @pytest.fixture(scope="module")
-def api_schema(relay_app: tuple[Runtime, FastAPI]) -> BaseOpenAPISchema:
+def api_schema(relay_app: tuple[RelayContext, FastAPI]) -> BaseOpenAPISchema:
     _, app = relay_app
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 
@@ -114,7 +114,7 @@ AUTH = {
     suppress_health_check=list(HealthCheck),
 )
 def test_every_endpoint_keeps_its_schema(
-    case: schemathesis.Case, relay_app: tuple[Runtime, FastAPI]
+    case: schemathesis.Case, relay_app: tuple[RelayContext, FastAPI]
 ) -> None:
     rt, _ = relay_app
     before = fuzzing.row_counts(rt)

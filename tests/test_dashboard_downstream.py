@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from ci_relay import pipeline
 from ci_relay.app import create_app
-from ci_relay.runtime import Runtime
+from ci_relay.context import RelayContext
 from ci_relay.store.models import Change, Run
 from tests.relay_fixtures import make_settings
 from tests.reporting_fakes import seed_run
@@ -88,7 +88,7 @@ def hud_body(
 
 @dataclass
 class Served:
-    rt: Runtime
+    rt: RelayContext
     url: str
 
     def post(self, body: dict[str, Any]) -> int:
@@ -109,7 +109,7 @@ class Served:
 
 @pytest.fixture
 def served(database_url: str, tmp_path: Path) -> Iterator[Served]:
-    rt = Runtime(make_settings(database_url, tmp_path, hud_token=TOKEN))
+    rt = RelayContext(make_settings(database_url, tmp_path, hud_token=TOKEN))
     rt.db.upgrade()
     server = uvicorn.Server(
         uvicorn.Config(create_app(rt, lambda steps: None), host="127.0.0.1", port=0)
@@ -127,7 +127,7 @@ def served(database_url: str, tmp_path: Path) -> Iterator[Served]:
         rt.db.dispose()
 
 
-def _local_run(rt: Runtime) -> tuple[int, str]:
+def _local_run(rt: RelayContext) -> tuple[int, str]:
     run_id = seed_run(rt, passed=4, failures=1)
     pipeline.collect(rt, run_id)
     with rt.db.session() as s:

@@ -14,9 +14,9 @@ from pathlib import Path
 from sqlalchemy import select
 
 from ci_relay import pipeline
+from ci_relay.context import RelayContext
 from ci_relay.dashboard.templating import when_s
 from ci_relay.reporting import sender
-from ci_relay.runtime import Runtime
 from ci_relay.store.models import OutboxMessage
 from tests.relay_fixtures import Relay, make_settings
 from tests.reporting_fakes import CallbackReceiver, HudReceiver, seed_run
@@ -44,7 +44,7 @@ def test_a_report_stuck_on_500_shows_its_attempts_and_last_error(
     callback, hud = CallbackReceiver(CALLBACK_TOKEN), HudReceiver(HUD_TOKEN)
     callback.fail_forever(500, {"message": f"database on fire {EVIL}"})
     with callback.running() as cb_url, hud.running() as hud_url:
-        rt = Runtime(
+        rt = RelayContext(
             make_settings(
                 database_url,
                 tmp_path,

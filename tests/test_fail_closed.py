@@ -23,11 +23,11 @@ from sqlalchemy import select
 
 from ci_relay import pipeline
 from ci_relay.app import create_app
+from ci_relay.context import RelayContext
 from ci_relay.intake.signature import sign
-from ci_relay.pipeline import Next
 from ci_relay.reporting.build import load_facts, render_callback
-from ci_relay.runtime import Runtime
 from ci_relay.settings import Settings
+from ci_relay.steps import Next
 from ci_relay.store.models import OutboxMessage, Run, Shard, TestResult
 from tests.gitrepo import GitRepo
 from tests.relay_fixtures import SECRET
@@ -54,7 +54,7 @@ def _hostile_test(marker: Path) -> str:
 
 @dataclass
 class World:
-    rt: Runtime
+    rt: RelayContext
     client: TestClient
     repo: GitRepo
     marker: Path
@@ -130,7 +130,7 @@ def _world(tmp_path: Path, **settings: object) -> Iterator[World]:
     spec.write_text(SPEC)
     policy = tmp_path / "policy.yaml"
     policy.write_text("repositories:\n  sample/pytorch:\n    backends:\n      cpu: {level: L2}\n")
-    rt = Runtime(
+    rt = RelayContext(
         Settings(
             database_url=f"sqlite:///{tmp_path / 'relay.db'}",
             data_dir=tmp_path / "data",

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ci_relay.app import create_app
+from ci_relay.context import RelayContext
 from ci_relay.request_body import _lone_surrogate
-from ci_relay.runtime import Runtime
 from tests import fuzzing
 from tests.relay_fixtures import fresh_postgres_database, make_settings
 
@@ -33,10 +33,10 @@ CAMPAIGN = settings(
 
 
 @pytest.fixture(scope="module")
-def fuzz_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Runtime, TestClient]]:
+def fuzz_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RelayContext, TestClient]]:
     tmp = tmp_path_factory.mktemp("fuzz")
     with fresh_postgres_database() as url:
-        rt = Runtime(
+        rt = RelayContext(
             make_settings(
                 url,
                 tmp,
@@ -53,7 +53,7 @@ def fuzz_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Runtime
 @CAMPAIGN
 @given(request=fuzzing.webhook_requests())
 def test_webhook_intake_survives_mutated_github_payloads(
-    fuzz_app: tuple[Runtime, TestClient], request: tuple[dict[str, str], bytes]
+    fuzz_app: tuple[RelayContext, TestClient], request: tuple[dict[str, str], bytes]
 ) -> None:
     rt, client = fuzz_app
     headers, body = request
@@ -63,7 +63,7 @@ def test_webhook_intake_survives_mutated_github_payloads(
 @CAMPAIGN
 @given(body=fuzzing.dispatch_requests())
 def test_dispatch_survives_mutated_envelopes(
-    fuzz_app: tuple[Runtime, TestClient], body: bytes
+    fuzz_app: tuple[RelayContext, TestClient], body: bytes
 ) -> None:
     rt, client = fuzz_app
     fuzzing.check_dispatch(client.post, rt, body, fuzzing.Tally())
@@ -72,7 +72,7 @@ def test_dispatch_survives_mutated_envelopes(
 @CAMPAIGN
 @given(body=fuzzing.hud_bodies())
 def test_hud_ingest_survives_mutated_bodies(
-    fuzz_app: tuple[Runtime, TestClient], body: bytes
+    fuzz_app: tuple[RelayContext, TestClient], body: bytes
 ) -> None:
     rt, client = fuzz_app
     fuzzing.check_ingest(client.post, rt, body, fuzzing.Tally())
@@ -88,7 +88,7 @@ def test_spec_loader_answers_file_line_col_or_a_spec(
 
 
 def test_the_strategies_reach_acceptance_and_every_rejection(
-    fuzz_app: tuple[Runtime, TestClient],
+    fuzz_app: tuple[RelayContext, TestClient],
 ) -> None:
     """The campaign is worth something only if it reaches both sides of every check."""
     rt, client = fuzz_app

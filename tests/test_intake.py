@@ -17,9 +17,9 @@ from sqlalchemy import func, select
 
 from ci_relay import pipeline
 from ci_relay.app import create_app
+from ci_relay.context import RelayContext
 from ci_relay.intake.signature import sign, verify
-from ci_relay.pipeline import Next
-from ci_relay.runtime import Runtime
+from ci_relay.steps import Next
 from ci_relay.store.models import AuditRecord, Change, Delivery, Run
 from tests.relay_fixtures import DISPATCH_TOKEN, FIXTURES, SECRET, Relay, make_settings
 
@@ -304,7 +304,7 @@ def test_readiness_reports_an_unreachable_broker(relay: Relay) -> None:
 
 def test_same_delivery_100_times_concurrently(database_url: str, tmp_path: Path) -> None:
     """Real HTTP on loopback: 100 concurrent copies of one delivery give one row, one change, one run."""
-    rt = Runtime(make_settings(database_url, tmp_path))
+    rt = RelayContext(make_settings(database_url, tmp_path))
     rt.db.upgrade()
     enqueued: list[Next] = []
     lock = threading.Lock()

@@ -22,7 +22,7 @@ from sqlalchemy import func, select
 
 from ci_relay.app import create_app
 from ci_relay.checkouts import CheckoutError, UpstreamMirror
-from ci_relay.runtime import Runtime
+from ci_relay.context import RelayContext
 from ci_relay.store.models import AuditRecord, Change, Delivery, Run
 from tests.relay_fixtures import DISPATCH_TOKEN, FIXTURES, Relay, make_settings
 from tests.test_intake import counts, headers, process_all
@@ -358,7 +358,7 @@ def test_checkouts_refuse_anything_but_a_commit_id(tmp_path: Path, bad: str) -> 
 
 
 def test_a_flood_of_bad_signatures_costs_one_audit_row(database_url: str, tmp_path: Path) -> None:
-    rt = Runtime(make_settings(database_url, tmp_path, audit_window_seconds=3600))
+    rt = RelayContext(make_settings(database_url, tmp_path, audit_window_seconds=3600))
     rt.db.upgrade()
     body = json.dumps(PR).encode()
     bad = headers("pull_request", body, **{"X-Hub-Signature-256": "sha256=" + "0" * 64})
@@ -383,7 +383,7 @@ def test_a_flood_of_bad_signatures_costs_one_audit_row(database_url: str, tmp_pa
 def test_a_new_window_starts_a_new_audit_row(tmp_path: Path) -> None:
     from ci_relay.audit import AuditLog
 
-    rt = Runtime(make_settings(f"sqlite:///{tmp_path / 'r.db'}", tmp_path))
+    rt = RelayContext(make_settings(f"sqlite:///{tmp_path / 'r.db'}", tmp_path))
     rt.db.upgrade()
     clock = [1000.0]
     audit = AuditLog(rt.db, window_seconds=60, clock=lambda: clock[0])

@@ -20,9 +20,9 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
+from ci_relay.context import RelayContext
 from ci_relay.demo import pull_request_payload
 from ci_relay.intake.signature import sign
-from ci_relay.runtime import Runtime
 from ci_relay.sample_upstream import SampleUpstream
 from ci_relay.settings import Settings
 from ci_relay.store.models import Delivery, OutboxMessage, Run, Selection, Shard, TestResult
@@ -101,7 +101,7 @@ class Cluster:
             },
             specs=[spec],
         )  # type: ignore[arg-type]
-        self.rt = Runtime(self.settings)
+        self.rt = RelayContext(self.settings)
         self.rt.db.upgrade()
 
     def worker_env(self) -> dict[str, str]:

@@ -23,13 +23,13 @@ from sqlalchemy import select
 
 from ci_relay import pipeline
 from ci_relay.app import create_app
+from ci_relay.context import RelayContext
 from ci_relay.excerpt import head_and_tail
 from ci_relay.junit import write_junit
 from ci_relay.outcomes import MAX_DETAILS_BYTES
 from ci_relay.reporting import sender
 from ci_relay.reporting.caps import Budget, failed_test
 from ci_relay.reporting.github import AppAuth
-from ci_relay.runtime import Runtime
 from ci_relay.spec_run import TestOutcome
 from ci_relay.store.models import Change, Delivery, Run, Shard, TestResult
 from tests.gitrepo import GitRepo
@@ -76,7 +76,7 @@ TESTS = ["test_ok", "test_fails_in_a_helper", "test_huge_message", "test_segfaul
 TOKEN = "crcr-token"
 
 
-def _run_for(rt: Runtime, head: str) -> tuple[int, int]:
+def _run_for(rt: RelayContext, head: str) -> tuple[int, int]:
     """A change and a running run with one pending shard of the test file, as ``select``
     leaves them; (run id, shard id)."""
     payload = {
@@ -113,7 +113,9 @@ def _run_for(rt: Runtime, head: str) -> tuple[int, int]:
 
 
 @pytest.fixture
-def shard_run(database_url: str, tmp_path: Path) -> Iterator[tuple[Runtime, int, CallbackReceiver]]:
+def shard_run(
+    database_url: str, tmp_path: Path
+) -> Iterator[tuple[RelayContext, int, CallbackReceiver]]:
     """The shard executed for real, the run collected, its CRCR report sent."""
     upstream = GitRepo(tmp_path / "upstream")
     head = upstream.commit("tests that break", {"test/test_details.py": UPSTREAM_TEST})
@@ -121,7 +123,7 @@ def shard_run(database_url: str, tmp_path: Path) -> Iterator[tuple[Runtime, int,
     spec.write_text(SPEC)
     receiver = CallbackReceiver(TOKEN)
     with receiver.running() as url:
-        rt = Runtime(
+        rt = RelayContext(
             make_settings(
                 database_url,
                 tmp_path,
@@ -145,13 +147,13 @@ def shard_run(database_url: str, tmp_path: Path) -> Iterator[tuple[Runtime, int,
             rt.db.dispose()
 
 
-def _stored(rt: Runtime) -> dict[str, TestResult]:
+def _stored(rt: RelayContext) -> dict[str, TestResult]:
     with rt.db.session() as s:
         return {r.nodeid.rsplit("::", 1)[1]: r for r in s.scalars(select(TestResult))}
 
 
 def test_a_real_failure_reaches_the_database_the_crcr_body_and_the_dashboard(
-    shard_run: tuple[Runtime, int, CallbackReceiver],
+    shard_run: tuple[RelayContext, int, CallbackReceiver],
 ) -> None:
     rt, run_id, receiver = shard_run
     stored = _stored(rt)
@@ -277,7 +279,7 @@ def _check_run(database_url: str, tmp_path: Path, failures: int, details: str) -
             "github_app_id": APP_ID,
             "github_app_private_key": PRIVATE_PEM,
         }
-        rt = Runtime(make_settings(database_url, tmp_path, **settings))
+        rt = RelayContext(make_settings(database_url, tmp_path, **settings))
         rt.db.upgrade()
         try:
             run_id = seed_run(

@@ -17,10 +17,10 @@ import pytest
 from sqlalchemy import func, select
 
 from ci_relay import pipeline
+from ci_relay.context import RelayContext
 from ci_relay.reporting import sender
 from ci_relay.reporting.github import AppAuth
 from ci_relay.reporting.outbox import enqueue_reports
-from ci_relay.runtime import Runtime
 from ci_relay.store.models import OutboxMessage, Run
 from tests.relay_fixtures import make_settings
 from tests.reporting_fakes import FakeGitHub, rsa_key_pair, seed_run
@@ -47,9 +47,9 @@ def github() -> Iterator[tuple[FakeGitHub, str]]:
 
 @pytest.fixture
 def make_rt(database_url: str, tmp_path: Path) -> Iterator[Any]:
-    made: list[Runtime] = []
+    made: list[RelayContext] = []
 
-    def make(api_url: str, **extra: Any) -> Runtime:
+    def make(api_url: str, **extra: Any) -> RelayContext:
         settings: dict[str, Any] = {
             "github_api_url": api_url,
             "public_url": "https://relay.example",
@@ -58,7 +58,7 @@ def make_rt(database_url: str, tmp_path: Path) -> Iterator[Any]:
         if "github_token" not in extra:
             settings.update(github_app_id=APP_ID, github_app_private_key=PRIVATE_PEM)
         settings.update(extra)
-        rt = Runtime(make_settings(database_url, tmp_path, **settings))
+        rt = RelayContext(make_settings(database_url, tmp_path, **settings))
         rt.db.upgrade()
         made.append(rt)
         return rt
@@ -68,18 +68,18 @@ def make_rt(database_url: str, tmp_path: Path) -> Iterator[Any]:
         rt.db.dispose()
 
 
-def start(rt: Runtime, run_id: int) -> list[int]:
+def start(rt: RelayContext, run_id: int) -> list[int]:
     with rt.db.session() as s:
         run = s.get(Run, run_id)
         assert run is not None
         return enqueue_reports(s, rt, run, "in_progress")
 
 
-def finish(rt: Runtime, run_id: int) -> list[int]:
+def finish(rt: RelayContext, run_id: int) -> list[int]:
     return [n.arg for n in pipeline.collect(rt, run_id)]
 
 
-def row(rt: Runtime, message_id: int) -> OutboxMessage:
+def row(rt: RelayContext, message_id: int) -> OutboxMessage:
     with rt.db.session() as s:
         found = s.get(OutboxMessage, message_id)
         assert found is not None

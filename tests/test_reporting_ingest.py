@@ -21,7 +21,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import func, inspect, select
 
 from ci_relay.app import create_app
-from ci_relay.runtime import Runtime
+from ci_relay.context import RelayContext
 from ci_relay.store.database import alembic_config
 from ci_relay.store.models import AuditRecord, Base, CrcrResult
 from tests.relay_fixtures import make_settings
@@ -76,7 +76,7 @@ def completed(body: dict[str, Any] | None = None) -> dict[str, Any]:
 
 @dataclass
 class Server:
-    rt: Runtime
+    rt: RelayContext
     url: str
 
     def post(self, body: Any, token: str | None = TOKEN, **kwargs: Any) -> httpx.Response:
@@ -95,7 +95,7 @@ class Server:
 
 @pytest.fixture
 def server(database_url: str, tmp_path: Path) -> Iterator[Server]:
-    rt = Runtime(make_settings(database_url, tmp_path, hud_token=TOKEN))
+    rt = RelayContext(make_settings(database_url, tmp_path, hud_token=TOKEN))
     rt.db.upgrade()
     app = create_app(rt, lambda steps: None)
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
@@ -176,7 +176,7 @@ def test_the_bot_token_is_required(server: Server, token: str | None, reason: st
 def test_ingest_is_closed_without_a_configured_token(database_url: str, tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
-    rt = Runtime(make_settings(database_url, tmp_path))
+    rt = RelayContext(make_settings(database_url, tmp_path))
     rt.db.upgrade()
     with TestClient(create_app(rt, lambda steps: None)) as client:
         response = client.post("/api/crcr/results", json=BODY, headers={"x-hud-internal-bot": ""})
@@ -301,7 +301,7 @@ def test_concurrent_posts_of_one_key_make_one_record(server: Server) -> None:
 
 
 def test_migrations_match_the_models_and_go_down_and_up(database_url: str, tmp_path: Path) -> None:
-    rt = Runtime(make_settings(database_url, tmp_path))
+    rt = RelayContext(make_settings(database_url, tmp_path))
     rt.db.upgrade()
     try:
         with rt.db.engine.connect() as conn:

@@ -24,10 +24,10 @@ import pytest
 from sqlalchemy import func, select
 
 from ci_relay import pipeline
+from ci_relay.context import RelayContext
 from ci_relay.reporting import sender
 from ci_relay.reporting.outbox import enqueue_reports
 from ci_relay.reporting.wire import MAX_SEND_BYTES
-from ci_relay.runtime import Runtime
 from ci_relay.store.models import OutboxMessage, Run, TestResult
 from tests.relay_fixtures import make_settings
 from tests.reporting_fakes import (
@@ -46,10 +46,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def make_rt(database_url: str, tmp_path: Path) -> Iterator[Any]:
     """Runtimes on one database with report settings; each is like a separate process."""
-    made: list[Runtime] = []
+    made: list[RelayContext] = []
 
-    def make(**settings: Any) -> Runtime:
-        rt = Runtime(make_settings(database_url, tmp_path, **settings))
+    def make(**settings: Any) -> RelayContext:
+        rt = RelayContext(make_settings(database_url, tmp_path, **settings))
         rt.db.upgrade()
         made.append(rt)
         return rt
@@ -72,7 +72,7 @@ def report_settings(callback: str | None = None, hud: str | None = None) -> dict
     return out
 
 
-def message(rt: Runtime, message_id: int) -> OutboxMessage:
+def message(rt: RelayContext, message_id: int) -> OutboxMessage:
     with rt.db.session() as s:
         row = s.get(OutboxMessage, message_id)
         assert row is not None
@@ -83,7 +83,7 @@ def aware(value: datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def collect_reports(rt: Runtime, run_id: int) -> list[int]:
+def collect_reports(rt: RelayContext, run_id: int) -> list[int]:
     steps = pipeline.collect(rt, run_id)
     assert all(step.task == "report" for step in steps)
     return [step.arg for step in steps]
@@ -139,7 +139,7 @@ def test_hud_report_is_accepted_by_another_relays_ingest(
 
     from ci_relay.app import create_app
 
-    other = Runtime(
+    other = RelayContext(
         make_settings(f"sqlite:///{tmp_path / 'other.db'}", tmp_path, hud_token=HUD_TOKEN)
     )
     other.db.upgrade()
@@ -277,7 +277,7 @@ def test_connection_refused_is_retried_and_sent_once_the_target_is_up(make_rt: A
     assert message(rt, report).attempts == 3
 
 
-def _child_env(rt: Runtime) -> dict[str, str]:
+def _child_env(rt: RelayContext) -> dict[str, str]:
     s = rt.settings
     env = {k: v for k, v in os.environ.items() if not k.startswith("CI_RELAY_")}
     env.update(
@@ -295,9 +295,9 @@ CHILD = """
 import sys
 from datetime import datetime
 from ci_relay.reporting import sender
-from ci_relay.runtime import Runtime
+from ci_relay.context import RelayContext
 from ci_relay.settings import Settings
-attempts = sender.deliver_due(Runtime(Settings()), now=datetime.fromisoformat(sys.argv[1]))
+attempts = sender.deliver_due(RelayContext(Settings()), now=datetime.fromisoformat(sys.argv[1]))
 print(",".join(f"{a.message_id}:{a.state}" for a in attempts), flush=True)
 """
 

@@ -13,10 +13,10 @@ from sqlalchemy import select
 
 from ci_relay import pipeline
 from ci_relay.app import create_app
+from ci_relay.context import RelayContext
 from ci_relay.intake.signature import sign
-from ci_relay.pipeline import Next
-from ci_relay.runtime import Runtime
 from ci_relay.settings import Settings
+from ci_relay.steps import Next
 from ci_relay.store.models import Run, Selection
 from test_selection.observations import Observation, learn
 from test_selection.types import TestId
@@ -73,7 +73,7 @@ def _pr(client: TestClient, repo: GitRepo, number: int) -> None:
     assert response.status_code == 202, response.text
 
 
-def _drain(rt: Runtime, steps: list[Next]) -> None:
+def _drain(rt: RelayContext, steps: list[Next]) -> None:
     stale = timedelta(hours=1)
     while steps:
         step = steps.pop(0)
@@ -95,7 +95,7 @@ def test_the_next_plan_uses_learned_durations_and_failures(tmp_path: Path) -> No
     spec.write_text(SPEC)
     policy = tmp_path / "policy.yaml"
     policy.write_text("repositories:\n  sample/pytorch:\n    backends:\n      cpu: {level: L2}\n")
-    rt = Runtime(
+    rt = RelayContext(
         Settings(
             database_url=f"sqlite:///{tmp_path / 'relay.db'}",
             data_dir=tmp_path / "data",

@@ -26,11 +26,11 @@ from ci_relay.api_docs import (
     DbId,
     RepositoryQuery,
 )
+from ci_relay.context import RelayContext
 from ci_relay.dashboard import downstream, queries
 from ci_relay.dashboard.figures import duration_chart, trend_charts
 from ci_relay.dashboard.templating import make_environment
 from ci_relay.dashboard.views import to_json
-from ci_relay.runtime import Runtime
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_PATH = "/static/dashboard"
@@ -41,13 +41,13 @@ PLAN_PER_PAGE = 100
 T = TypeVar("T")
 
 
-def install(app: FastAPI, rt: Runtime) -> None:
+def install(app: FastAPI, rt: RelayContext) -> None:
     """Add the dashboard's pages, JSON API and stylesheet to the relay's app."""
     app.include_router(make_router(rt))
     app.mount(STATIC_PATH, StaticFiles(directory=STATIC_DIR), name="dashboard-static")
 
 
-def make_router(rt: Runtime) -> APIRouter:
+def make_router(rt: RelayContext) -> APIRouter:
     router = APIRouter()
     env = make_environment()
 

@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ci_relay.api_docs import DISPATCH_AUTH, Accepted, Pong, errors, header, json_body
 from ci_relay.audit import AuditLog
+from ci_relay.context import RelayContext
 from ci_relay.identifiers import (
     DELIVERY_ID_PATTERN,
     EVENT_PATTERN,
@@ -40,9 +41,8 @@ from ci_relay.intake.events import Interpretation, InvalidPayload, summarize
 from ci_relay.intake.signature import verify
 from ci_relay.logs import delivery_context
 from ci_relay.metrics import Metrics
-from ci_relay.pipeline import Next
 from ci_relay.request_body import BodyTooLarge, parse_json, read_body_at_most
-from ci_relay.runtime import Runtime
+from ci_relay.steps import Next
 from ci_relay.store.models import Delivery, DeliveryState, utcnow
 
 log = logging.getLogger("ci_relay.intake")
@@ -88,7 +88,7 @@ def _github_headers(request: Request) -> tuple[str, str, str] | str:
 
 
 def make_router(
-    rt: Runtime,
+    rt: RelayContext,
     metrics: Metrics,
     enqueue: Callable[[list[Next]], None],
     audit_log: AuditLog,

@@ -14,7 +14,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ci_relay.outcomes import BAD_OUTCOMES
-from ci_relay.pipeline import delivery_event
 from ci_relay.reporting.caps import Budget, failed_test, fit
 from ci_relay.reporting.names import job_name
 from ci_relay.reporting.wire import (
@@ -28,6 +27,7 @@ from ci_relay.reporting.wire import (
     compact_json,
 )
 from ci_relay.settings import Settings
+from ci_relay.steps import delivery_event
 from ci_relay.store.models import Run, Shard, TestResult
 
 PASSED = frozenset({"passed", "xfailed", "xpassed", "flaky"})  # as the spec expects them

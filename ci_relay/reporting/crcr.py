@@ -10,16 +10,16 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from ci_relay.context import RelayContext
 from ci_relay.reporting.build import load_facts, render_callback
 from ci_relay.reporting.transport import Rejected, Send, SendContext, check, request
 from ci_relay.reporting.wire import MAX_SEND_BYTES
-from ci_relay.runtime import Runtime
 from ci_relay.store.models import OutboxMessage
 
 TARGET = "crcr"
 
 
-def prepare(session: Session, rt: Runtime, message: OutboxMessage) -> Send:
+def prepare(session: Session, rt: RelayContext, message: OutboxMessage) -> Send:
     settings = rt.settings
     url = settings.crcr_callback_url
     if not url:

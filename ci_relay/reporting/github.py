@@ -25,6 +25,7 @@ import jwt
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from ci_relay.context import RelayContext
 from ci_relay.excerpt import head_and_tail
 from ci_relay.reporting import levels
 from ci_relay.reporting.build import RunFacts, artifact_url, counts_of, load_facts, run_url
@@ -41,7 +42,6 @@ from ci_relay.reporting.transport import (
     retry_after,
 )
 from ci_relay.reporting.wire import MAX_FAILED_TESTS
-from ci_relay.runtime import Runtime
 from ci_relay.settings import Settings
 from ci_relay.store.models import OutboxMessage, OutboxState
 
@@ -307,7 +307,7 @@ def _iso(value: datetime | None) -> str | None:
 # --- sending --------------------------------------------------------------------------
 
 
-def prepare(session: Session, rt: Runtime, message: OutboxMessage) -> Send:
+def prepare(session: Session, rt: RelayContext, message: OutboxMessage) -> Send:
     settings = rt.settings
     event = str(message.payload.get("event", "completed"))
     mode = str(message.payload.get("mode", "check"))

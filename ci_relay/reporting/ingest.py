@@ -27,11 +27,11 @@ from ci_relay.api_docs import (
     json_body,
 )
 from ci_relay.audit import AuditLog
+from ci_relay.context import RelayContext
 from ci_relay.reporting import results_store
 from ci_relay.reporting.hud import TOKEN_HEADER
 from ci_relay.reporting.wire import MAX_ACCEPT_BYTES, HudBody
 from ci_relay.request_body import BodyTooLarge, parse_json, read_body_at_most
-from ci_relay.runtime import Runtime
 
 log = logging.getLogger("ci_relay.reporting.ingest")
 PATH = "/api/crcr/results"
@@ -41,7 +41,7 @@ def _field(error: dict[str, Any]) -> str:
     return ".".join(str(part) for part in error["loc"]) or "body"
 
 
-def make_router(rt: Runtime, audit_log: AuditLog) -> APIRouter:
+def make_router(rt: RelayContext, audit_log: AuditLog) -> APIRouter:
     router = APIRouter()
 
     def audit(request: Request, status: int, reason: str) -> None:

@@ -13,15 +13,15 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from ci_relay.context import RelayContext
 from ci_relay.reporting.levels import github_plan
-from ci_relay.runtime import Runtime
 from ci_relay.store.models import OutboxMessage, OutboxState, Run, utcnow
 
 EVENTS = ("in_progress", "completed")
 OPEN = (OutboxState.PENDING, OutboxState.SENDING)
 
 
-def targets(rt: Runtime, run: Run, event: str) -> list[tuple[str, dict[str, Any], str | None]]:
+def targets(rt: RelayContext, run: Run, event: str) -> list[tuple[str, dict[str, Any], str | None]]:
     """(target, payload, key) of every report this run's event makes, as settings say."""
     settings = rt.settings
     out: list[tuple[str, dict[str, Any], str | None]] = []
@@ -35,7 +35,7 @@ def targets(rt: Runtime, run: Run, event: str) -> list[tuple[str, dict[str, Any]
     return out
 
 
-def enqueue_reports(session: Session, rt: Runtime, run: Run, event: str) -> list[int]:
+def enqueue_reports(session: Session, rt: RelayContext, run: Run, event: str) -> list[int]:
     """Add this event's reports to the outbox (in the caller's transaction); their ids."""
     if event not in EVENTS:
         raise ValueError(f"unknown report event {event!r}")

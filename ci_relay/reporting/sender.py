@@ -17,19 +17,20 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import httpx
-from sqlalchemy import CursorResult, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, aliased
 
+from ci_relay.context import RelayContext
 from ci_relay.reporting import crcr, github, hud
 from ci_relay.reporting.build import aware
 from ci_relay.reporting.caps import ReportTooLarge
 from ci_relay.reporting.outbox import OPEN, due
 from ci_relay.reporting.transport import Rejected, RetryLater, Send, SendContext
-from ci_relay.runtime import Runtime
 from ci_relay.settings import Settings
+from ci_relay.steps import claim_rows
 from ci_relay.store.models import OutboxMessage, OutboxState, utcnow
 
 log = logging.getLogger("ci_relay.reporting")
@@ -38,7 +39,7 @@ LEASE = timedelta(minutes=10)  # longer than the slowest send (GitHub: up to 21 
 MAX_ERROR = 8000
 MIN_DELAY = timedelta(seconds=1)  # even "Retry-After: 0" must not become a busy loop
 
-Prepare = Callable[[Session, Runtime, OutboxMessage], Send]
+Prepare = Callable[[Session, RelayContext, OutboxMessage], Send]
 TARGETS: dict[str, Prepare] = {
     crcr.TARGET: crcr.prepare,
     hud.TARGET: hud.prepare,
@@ -81,10 +82,6 @@ def backoff(settings: Settings, attempts: int) -> timedelta:
     return timedelta(seconds=min(settings.report_retry_max_seconds, jittered))
 
 
-def _rowcount(session: Session, statement: Any) -> int:
-    return cast(CursorResult[Any], session.execute(statement)).rowcount
-
-
 def _claim(session: Session, message_id: int, now: datetime) -> bool:
     older = aliased(OutboxMessage)
     in_flight_before = (
@@ -98,7 +95,7 @@ def _claim(session: Session, message_id: int, now: datetime) -> bool:
         .exists()
     )
     return (
-        _rowcount(
+        claim_rows(
             session,
             update(OutboxMessage)
             .where(
@@ -159,7 +156,7 @@ def _waiting_after(session: Session, message_id: int) -> list[int]:
 
 
 def deliver(
-    rt: Runtime,
+    rt: RelayContext,
     message_id: int,
     now: datetime | None = None,
     client: httpx.Client | None = None,
@@ -209,7 +206,7 @@ def deliver(
     return _record(rt, message_id, attempts, now, OutboxState.PENDING, error=reason)
 
 
-def _save(rt: Runtime, message_id: int, attempts: int, progress: dict[str, Any]) -> None:
+def _save(rt: RelayContext, message_id: int, attempts: int, progress: dict[str, Any]) -> None:
     """Keep what a multi-request send achieved so far; a retry continues from here."""
     with rt.db.session() as session:
         session.execute(
@@ -218,7 +215,7 @@ def _save(rt: Runtime, message_id: int, attempts: int, progress: dict[str, Any])
 
 
 def _record(
-    rt: Runtime,
+    rt: RelayContext,
     message_id: int,
     attempts: int,
     now: datetime,
@@ -250,7 +247,7 @@ def _record(
                 values["next_attempt_at"] = at
                 retry_in = (at - now).total_seconds()
         changed = update(OutboxMessage).where(_mine(message_id, attempts)).values(**values)
-        if not _rowcount(session, changed):
+        if not claim_rows(session, changed):
             return Attempt(message_id, None)  # our lease ended and another sender took over
         unblocked = [] if state == OutboxState.PENDING else _waiting_after(session, message_id)
     if state == OutboxState.SENT:
@@ -261,7 +258,7 @@ def _record(
 
 
 def deliver_due(
-    rt: Runtime, now: datetime | None = None, client: httpx.Client | None = None
+    rt: RelayContext, now: datetime | None = None, client: httpx.Client | None = None
 ) -> list[Attempt]:
     """Send every message that is due now, oldest first (a sweep, as after a restart)."""
     now = now or utcnow()

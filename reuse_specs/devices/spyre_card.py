@@ -1,8 +1,9 @@
 """``TORCH_TEST_DEVICES`` file for a real Spyre card (the ``spyre`` backend).
 
 torch-spyre registers PrivateUse1 as ``spyre`` when imported; the test class is the one the
-emulator uses (``spyre_emu.test_base``), so names match between ``spyre-emu`` and ``spyre``
-runs and one reuse spec serves both.
+emulator uses (``reuse_specs.devices.spyre_test_class``, beside this file so the real card's
+path never imports the emulator), so names match between ``spyre-emu`` and ``spyre`` runs and
+one reuse spec serves both.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ except ImportError as exc:
         "without one use --backend spyre-emu"
     ) from exc
 
-from spyre_emu.test_base import spyre_test_class
+from reuse_specs.devices.spyre_test_class import spyre_test_class
 
 if torch._C._get_privateuse1_backend_name() != "spyre":
     raise RuntimeError("torch-spyre did not register the spyre device")

@@ -14,7 +14,7 @@ BUNDLED_SPECS = Path(__file__).resolve().parent.parent / "reuse_specs" / "specs"
 
 
 @dataclass
-class Runtime:
+class RelayContext:
     settings: Settings
 
     @cached_property

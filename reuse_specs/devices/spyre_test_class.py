@@ -1,7 +1,7 @@
 """The PyTorch device test class for a ``spyre`` PrivateUse1 device, emulated or real.
 
-Shared by the emulator's ``TORCH_TEST_DEVICES`` file (``device_test_base.py``) and the
-real card's (``reuse_specs/devices/spyre_card.py``), so upstream tests are named and
+Shared by the emulator's ``TORCH_TEST_DEVICES`` file (``spyre_emu/device_test_base.py``)
+and the real card's (``spyre_card.py`` here), so upstream tests are named and
 instantiated the same way on both: ``TestFoo`` -> ``TestFooSPYRE`` with tests
 ``test_bar_spyre_float16``. Call it only once the device is registered.
 

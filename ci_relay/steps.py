@@ -1,0 +1,41 @@
+"""The step protocol the pipeline, intake, replay and reporting share.
+
+Intake and reporting must not import the pipeline (it imports them); what they need from it
+lives here: the task a committed step hands on (``Next``), the conditional-UPDATE claim
+(``claim_rows``) and the upstream event a stored delivery carries (``delivery_event``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy import CursorResult
+from sqlalchemy.orm import Session
+
+from ci_relay.store.models import Delivery
+
+
+@dataclass(frozen=True)
+class Next:
+    """A task to enqueue after the step's transaction committed."""
+
+    task: str  # process | select | execute | collect | report
+    arg: int
+    backend: str | None = None
+
+
+def claim_rows(session: Session, statement: Any) -> int:
+    """Rows a conditional UPDATE changed: 1 means this worker claimed the row."""
+    result = cast(CursorResult[Any], session.execute(statement))
+    return result.rowcount
+
+
+def delivery_event(delivery: Delivery) -> tuple[str, dict[str, Any]]:
+    """The upstream event and payload a stored delivery carries (unwrapping CRCR envelopes)."""
+    data = json.loads(delivery.body)
+    if delivery.source == "dispatch":
+        envelope = data.get("client_payload", data)
+        return str(envelope["event_type"]), dict(envelope["payload"])
+    return delivery.event, data

@@ -1,0 +1,102 @@
+"""The import graph follows the flow: no lower part imports a higher one.
+
+Read from the source with ``ast`` (every import, at any depth, including those inside
+functions), so a reversed import fails here before it becomes a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("ci_relay", "test_selection", "reuse_specs", "spyre_emu")
+HIGH = ("ci_relay.pipeline", "ci_relay.tasks", "ci_relay.app", "ci_relay.cli", "ci_relay.service")
+
+# (importer prefix, forbidden import prefixes, why)
+RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("test_selection", ("ci_relay",), "the selector is a library the relay uses"),
+    ("reuse_specs", ("ci_relay",), "the spec library runs inside test processes"),
+    ("spyre_emu", ("ci_relay",), "the emulator is a device, not part of the service"),
+    ("reuse_specs.devices.spyre_card", ("spyre_emu",), "the real card never needs the emulator"),
+    ("ci_relay.intake", HIGH, "intake hands work on through ci_relay.steps"),
+    ("ci_relay.reporting", HIGH, "reporting reads stored facts, never the steps"),
+    ("ci_relay.dashboard", HIGH, "pages read the store"),
+    (
+        "ci_relay.store",
+        (*HIGH, "ci_relay.intake", "ci_relay.reporting", "ci_relay.dashboard"),
+        "the store is the bottom",
+    ),
+    ("ci_relay.execution", HIGH, "execution runs what the pipeline asks"),
+    ("ci_relay.steps", HIGH, "the step protocol sits below the steps"),
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(module: str, source: str) -> Iterator[tuple[int, str]]:
+    """Every module name ``source`` imports, absolute (relative imports resolved)."""
+    package = module.rsplit(".", 1)[0] if "." in module else module
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield node.lineno, base
+            for alias in node.names:  # "from ci_relay import pipeline"
+                yield node.lineno, f"{base}.{alias.name}"
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def violations(module: str, source: str) -> list[str]:
+    found = []
+    for line, name in imports_of(module, source):
+        for importer, forbidden, why in RULES:
+            if _under(module, importer):
+                for prefix in forbidden:
+                    if _under(name, prefix):
+                        found.append(f"{module}:{line} imports {name} ({why or 'lower layer'})")
+    return found
+
+
+def _sources() -> Iterator[tuple[str, str]]:
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            yield _module_name(path), path.read_text(encoding="utf-8")
+
+
+def test_no_lower_part_imports_a_higher_one() -> None:
+    found = [v for module, source in _sources() for v in violations(module, source)]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("ci_relay.intake.routes", "from ci_relay.pipeline import Next\n"),
+        ("ci_relay.reporting.build", "def f():\n    from ci_relay import pipeline\n"),
+        ("test_selection.selector", "import ci_relay.settings\n"),
+        ("reuse_specs.devices.spyre_card", "from spyre_emu.test_base import x\n"),
+        ("ci_relay.dashboard.queries", "from ..tasks import app\n"),
+    ],
+)
+def test_a_reversed_import_is_caught(module: str, source: str) -> None:
+    assert violations(module, source)
+
+
+def test_the_flow_downwards_is_allowed() -> None:
+    assert not violations("ci_relay.pipeline", "from ci_relay.intake.events import summarize\n")
+    assert not violations("ci_relay.intake.routes", "from ci_relay.steps import Next\n")
