@@ -20,11 +20,11 @@ from sqlalchemy.orm import Session
 from ci_relay.checkouts import CheckoutError, UpstreamMirror
 from ci_relay.context import RelayContext
 from ci_relay.execution.devices import claim_device
+from ci_relay.execution.outcomes import BAD_OUTCOMES
 from ci_relay.execution.runtimes import Limits, RuntimeOptions, RuntimeUnavailable, get_runtime
 from ci_relay.execution.runtimes import Runtime as Isolation
 from ci_relay.execution.shard import ShardRequest, run_shard
 from ci_relay.intake.events import ChangeIntent, InvalidPayload, summarize
-from ci_relay.outcomes import BAD_OUTCOMES
 from ci_relay.reporting.outbox import due as due_reports
 from ci_relay.reporting.outbox import enqueue_reports
 from ci_relay.settings import Settings

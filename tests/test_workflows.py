@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ci_relay.job_report import (
+from ci_relay.reporting.job_report import (
     Envelope,
     JobIdentity,
     JobReportError,

@@ -52,7 +52,7 @@ from ci_relay.dashboard.views import (
     TrendPoint,
     Trends,
 )
-from ci_relay.outcomes import BAD_OUTCOMES
+from ci_relay.execution.outcomes import BAD_OUTCOMES
 from ci_relay.store.models import (
     Change,
     CrcrResult,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ci_relay.outcomes import BAD_OUTCOMES
+from ci_relay.execution.outcomes import BAD_OUTCOMES
 
 STATUSES = ("success", "failure", "error", "running", "pending", "neutral")
 # what a failure list shows: outcomes that broke the run, and flaky ones (passed on rerun)

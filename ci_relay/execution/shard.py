@@ -25,10 +25,10 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ci_relay.excerpt import head_and_tail
+from ci_relay.execution.excerpt import head_and_tail
+from ci_relay.execution.outcomes import MAX_DETAILS_BYTES
 from ci_relay.execution.runtimes import Completed, Invocation, Limits, Runtime
-from ci_relay.outcomes import MAX_DETAILS_BYTES
-from ci_relay.spec_run import TestOutcome
+from ci_relay.execution.spec_run import TestOutcome
 
 FATAL = "Fatal Python error"  # how faulthandler starts the stack it prints on a fatal signal
 OUTPUT_TAIL_BYTES = 4000  # of a dead process's output, when it printed no stack

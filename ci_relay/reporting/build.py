@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ci_relay.outcomes import BAD_OUTCOMES
+from ci_relay.execution.outcomes import BAD_OUTCOMES
 from ci_relay.reporting.caps import Budget, failed_test, fit
 from ci_relay.reporting.names import job_name
 from ci_relay.reporting.wire import (

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ci_relay.excerpt import head_and_tail
+from ci_relay.execution.excerpt import head_and_tail
 from ci_relay.reporting.wire import (
     MAX_EVIDENCE,
     MAX_EVIDENCE_BYTES,

@@ -26,7 +26,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ci_relay.context import RelayContext
-from ci_relay.excerpt import head_and_tail
+from ci_relay.execution.excerpt import head_and_tail
 from ci_relay.reporting import levels
 from ci_relay.reporting.build import RunFacts, artifact_url, counts_of, load_facts, run_url
 from ci_relay.reporting.caps import clip, clip_chars

@@ -2,7 +2,7 @@
 
 For a downstream repository that runs the tests on its own runners (``workflows/``): the
 job reads the dispatched change with ``dispatch-info`` and reports in_progress/completed
-with ``report crcr``. The work is in :mod:`ci_relay.job_report`; this is the command line.
+with ``report crcr``. The work is in :mod:`ci_relay.reporting.job_report`; this is the command line.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def report_crcr(
     1 refused (a 4xx: the body is wrong); 2 bad input; 3 still failing
     (5xx or network errors) after the retries.
     """
-    from ci_relay.job_report import (
+    from ci_relay.reporting.job_report import (
         OIDC_AUDIENCE,
         Envelope,
         JobIdentity,
@@ -247,7 +247,7 @@ def register(app: typer.Typer) -> None:
         step's outputs). Every value is checked (shas are 40 hex digits),
         so a job can hand them to git.
         """
-        from ci_relay.job_report import (
+        from ci_relay.reporting.job_report import (
             JobReportError,
             dispatch_info,
             read_envelope,

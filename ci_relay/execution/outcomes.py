@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ci_relay.excerpt import head_and_tail
+from ci_relay.execution.excerpt import head_and_tail
 
 OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "xpass_strict", "skipped", "error", "crashed")
 BAD_OUTCOMES = frozenset({"failed", "xpass_strict", "error", "crashed"})

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ci_relay.outcomes import classify, failure_details, is_final, short_message
+from ci_relay.execution.outcomes import classify, failure_details, is_final, short_message
 
 TIMEOUT_EXIT = "per-test timeout"
 

@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from ci_relay.outcomes import BAD_OUTCOMES, classify, failure_details, is_final, short_message
+from ci_relay.execution.outcomes import (
+    BAD_OUTCOMES,
+    classify,
+    failure_details,
+    is_final,
+    short_message,
+)
 from reuse_specs.backends import Backend
 from reuse_specs.loader import LoadedSpec
 from reuse_specs.matching import Decision, TestVariant

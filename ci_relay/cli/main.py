@@ -19,16 +19,17 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from ci_relay import report_cli, select_cli
-from ci_relay.outcomes import BAD_OUTCOMES, OUTCOMES
-from ci_relay.sample_upstream import SampleUpstreamError, build_sample_upstream
-from ci_relay.spec_run import (
+from ci_relay.cli import report as report_commands
+from ci_relay.cli import select as select_commands
+from ci_relay.execution.outcomes import BAD_OUTCOMES, OUTCOMES
+from ci_relay.execution.spec_run import (
     EXIT_BAD_INPUT,
     RunResult,
     TestOutcome,
     pytest_args,
     run_pytest,
 )
+from ci_relay.sample_upstream import SampleUpstreamError, build_sample_upstream
 from reuse_specs.backends import BACKENDS, Backend, UnknownBackend, get_backend
 from reuse_specs.errors import SpecErrors
 from reuse_specs.loader import LoadedSpec, load_specs
@@ -46,8 +47,8 @@ app = typer.Typer(
 )
 specs_app = typer.Typer(help="Validate and inspect reuse specs.", no_args_is_help=True)
 app.add_typer(specs_app, name="specs")
-select_cli.register(app)
-report_cli.register(app)
+select_commands.register(app)
+report_commands.register(app)
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -364,7 +365,7 @@ def run(
     if deselect is not None:
         extra += ["--reuse-deselect", str(deselect)]
     if progress is not None:
-        extra += ["-p", "ci_relay.progress_plugin", "--progress-log", str(progress)]
+        extra += ["-p", "ci_relay.execution.progress_plugin", "--progress-log", str(progress)]
         if per_test_timeout:
             extra += ["--per-test-timeout", str(per_test_timeout)]
     result = run_specs(spec, upstream, backend, junit, label, tests, extra)
@@ -398,9 +399,9 @@ def _run_isolated(
     """The shard runner: child processes in a runtime, resumed after every crash."""
     import tempfile
 
+    from ci_relay.execution.junit import write_junit
     from ci_relay.execution.runtimes import Limits, RuntimeUnavailable, get_runtime
     from ci_relay.execution.shard import ShardRequest, run_shard
-    from ci_relay.junit import write_junit
     from ci_relay.pipeline import runtime_options
 
     loaded, profile, root = _load_for_run(specs, upstream, backend)

@@ -6,7 +6,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from ci_relay.spec_run import TestOutcome
+from ci_relay.execution.spec_run import TestOutcome
 
 # characters XML 1.0 cannot hold; a traceback may carry them (terminal escapes, binary reprs)
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
