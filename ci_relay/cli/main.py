@@ -21,6 +21,7 @@ from rich.table import Table
 
 from ci_relay.cli import report as report_commands
 from ci_relay.cli import select as select_commands
+from ci_relay.context import BUNDLED_SPECS
 from ci_relay.execution.outcomes import BAD_OUTCOMES, OUTCOMES
 from ci_relay.execution.spec_run import (
     EXIT_BAD_INPUT,
@@ -38,7 +39,6 @@ from reuse_specs.upstream_check import check_against_upstream
 if TYPE_CHECKING:
     from ci_relay.settings import Settings
 
-BUNDLED_SPECS = Path(__file__).resolve().parent.parent / "reuse_specs" / "specs"
 
 app = typer.Typer(
     help="Run the upstream PyTorch tests that matter for an out-of-tree backend.",
@@ -471,10 +471,10 @@ def images_build(
             get_backend(name)
         except UnknownBackend as exc:
             raise _fail(str(exc)) from None
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # ci_relay/cli/main.py -> the checkout
     if not (root / "pyproject.toml").is_file() or not (root / "docker").is_dir():
         raise _fail(f"{root} is not a ci-relay source checkout (images build from one)")
-    script = Path(__file__).resolve().parent / "execution" / "build_images.sh"
+    script = root / "ci_relay" / "execution" / "build_images.sh"
     targets = [f"runner-{b}" for b in backends] + (["relay"] if relay else [])
     if subprocess.run(["bash", str(script), str(root), *targets]).returncode:
         raise _fail("image build failed (see the messages above)", 1)
@@ -537,6 +537,8 @@ def spec_demo(
         raise _fail(str(exc)) from None
     out.print(f"sample upstream: {sample.path} (head {sample.head[:12]})")
     specs = [_relative(p) for p in sorted(BUNDLED_SPECS.glob("*.yaml"))]
+    if not specs:
+        raise _fail(f"no bundled spec in {BUNDLED_SPECS}: is this a complete installation?")
     out.print("specs: " + ", ".join(p.name for p in specs))
     result = run_specs(specs, sample.path, "cpu", workdir / "junit.xml", None)
     verdict = "as the specs expect" if result.exit_code == 0 else "NOT as the specs expect"
