@@ -50,12 +50,13 @@ from test_selection.selector import SelectorConfig, select  # noqa: E402
 from test_selection.types import Budget  # noqa: E402
 
 SHARES = (0.05, 0.15, 0.25)
+WHY_SHARE = 0.15
+GOALS = {0.05: 0.85, 0.15: 0.95}  # issue 11's recall goals
+MARGIN = 0.05  # ... and this much above co-change + path
 
 
-def baseline_scores(
-    repo: Repo, parent: str, sources: set[str], files: list[str]
-) -> dict[str, float]:
-    """Co-change counts with the changed files (history before the commit), then path tokens."""
+def co_changes(repo: Repo, parent: str, sources: set[str], files: list[str]) -> Counter[str]:
+    """How often each test file changed with any of ``sources`` before the commit."""
     log = repo.text("log", "--no-merges", "--name-only", "--format=%x01", "-n3000", parent, "--")
     together: Counter[str] = Counter()
     present = set(files)
@@ -63,6 +64,13 @@ def baseline_scores(
         paths = set(block.split())
         if paths & sources:
             together.update(p for p in paths if p in present)
+    return together
+
+
+def baseline_scores(
+    together: Counter[str], sources: set[str], files: list[str]
+) -> dict[str, float]:
+    """Co-change counts with the changed files (history before the commit), then path tokens."""
     words = {w for s in sources for w in re.split(r"[/_.\-]+", s.lower()) if len(w) > 2}
     return {f: together[f] * 10 + len(words & set(re.split(r"[/_.\-]+", f.lower()))) for f in files}
 
@@ -105,6 +113,7 @@ def evaluate(path: Path, commits: int, cache: Path, with_agent: bool) -> None:
     test_share = dict.fromkeys(SHARES, 0.0)
     rng = random.Random(0)
     evaluated = 0
+    why: Counter[str] = Counter()  # the selector's misses at WHY_SHARE, by cause
     for i, (sha, truth, _sources) in enumerate(candidates, 1):
         parent = repo.resolve(f"{sha}^")
         hidden = {
@@ -156,13 +165,23 @@ def evaluate(path: Path, commits: int, cache: Path, with_agent: bool) -> None:
             alone = collect_evidence(change, inventory, ctx, [heuristic])
             per_strategy[heuristic.name] = _by_file(alone)
         sources = {f.path for f in change.source_files}
-        per_strategy["co-change + path"] = baseline_scores(repo, parent, sources, files)
+        together = co_changes(repo, parent, sources, files)
+        per_strategy["co-change + path"] = baseline_scores(together, sources, files)
         per_strategy["random"] = {}
         for share in SHARES:
             # a change editing more test files than the share holds cannot be fully found
             most = min(len(truth_in), max(1, round(len(files) * share)))
             hits["best possible"][share] += most
             per_change["best possible"][share] += most / len(truth_in)
+            if share == WHY_SHARE:
+                room = max(1, round(len(files) * share))
+                for missed in truth_in - top_files(full, files, share, rng):
+                    if len(truth_in) > room:
+                        why["the commit edits more test files than the share holds"] += 1
+                    elif not together[missed]:
+                        why["never changed with these sources before"] += 1
+                    else:
+                        why["changed with these sources before, outranked"] += 1
             for name, scores in per_strategy.items():
                 chosen = top_files(scores, files, share, rng)
                 hits[name][share] += len(chosen & truth_in)
@@ -219,6 +238,19 @@ def evaluate(path: Path, commits: int, cache: Path, with_agent: bool) -> None:
             f"  at {s:.0%}: selector {ours:.3f} vs co-change + path {base:.3f} "
             f"({ours - base:+.3f}); best other strategy {other:.3f}"
         )
+    for s, goal in GOALS.items():
+        ours = hits["selector"][s] / max(1, truths)
+        base = hits["co-change + path"][s] / max(1, truths)
+        met = ours >= goal and ours >= base + MARGIN
+        print(
+            f"  goal at {s:.0%}: recall >= {goal} and >= baseline + {MARGIN}: "
+            + ("met" if met else f"NOT met ({ours:.3f})")
+        )
+    missed = sum(why.values())
+    if missed:
+        print(f"  the selector's {missed} misses at {WHY_SHARE:.0%}, by cause:")
+        for cause, count in why.most_common():
+            print(f"    {count:>4} ({count / missed:.0%})  {cause}")
 
 
 def _by_file(evidence: dict) -> dict[str, float]:

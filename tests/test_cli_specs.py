@@ -210,3 +210,13 @@ def test_unknown_backend_and_missing_upstream(
     assert missing.code == 2 and "is not a directory" in missing.stderr
     none = cli("run", "--spec", spec)
     assert none.code == 2 and "pass --upstream DIR or set TORCH_ROOT" in none.stderr
+
+
+@pytest.mark.slow
+def test_spec_demo_runs_the_bundled_specs(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    """The README's ``spec-demo`` finds the bundled specs wherever it is started from."""
+    result = cli("spec-demo", "--workdir", tmp_path / "demo")
+    assert result.code == 0, result.output
+    assert "specs: spyre_binary_ufuncs.yaml" in result.stdout
+    ran = int(result.stdout.split(" test variants ran as the specs expect")[0].split()[-1])
+    assert ran > 50
