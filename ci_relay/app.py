@@ -10,9 +10,9 @@ from fastapi import FastAPI
 from ci_relay import api, dashboard
 from ci_relay.audit import AuditLog
 from ci_relay.context import RelayContext
+from ci_relay.dashboard import ingest as crcr_ingest
 from ci_relay.intake import routes as intake
 from ci_relay.metrics import Metrics
-from ci_relay.reporting import ingest as crcr_ingest
 from ci_relay.steps import Next
 
 

@@ -28,12 +28,12 @@ from ci_relay.api_docs import (
 )
 from ci_relay.audit import AuditLog
 from ci_relay.context import RelayContext
-from ci_relay.reporting import results_store
+from ci_relay.dashboard import results_store
 from ci_relay.reporting.hud import TOKEN_HEADER
 from ci_relay.reporting.wire import MAX_ACCEPT_BYTES, HudBody
 from ci_relay.request_body import BodyTooLarge, parse_json, read_body_at_most
 
-log = logging.getLogger("ci_relay.reporting.ingest")
+log = logging.getLogger("ci_relay.dashboard.ingest")
 PATH = "/api/crcr/results"
 
 
