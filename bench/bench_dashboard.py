@@ -30,8 +30,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import insert, select, text
 
-from ci_relay.app import create_app
 from ci_relay.context import RelayContext
+from ci_relay.service.app import create_app
 from ci_relay.settings import Settings
 from ci_relay.store.models import Change, Delivery, Run, Selection, Shard, TestResult
 

@@ -32,8 +32,8 @@ from hypothesis import HealthCheck, given, seed, settings
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ci_relay.app import create_app  # noqa: E402
 from ci_relay.context import RelayContext  # noqa: E402
+from ci_relay.service.app import create_app  # noqa: E402
 from tests import fuzzing  # noqa: E402
 from tests.relay_fixtures import fresh_postgres_database, make_settings  # noqa: E402
 

@@ -25,10 +25,16 @@ def bare_app() -> FastAPI:
 
 
 def relay_app() -> FastAPI:
-    from ci_relay.app import create_app
-    from ci_relay.publisher import BackgroundPublisher
     from ci_relay.settings import Settings
-    from ci_relay.tasks import configure, enqueue
+
+    try:
+        from ci_relay.service.app import create_app
+        from ci_relay.service.publisher import BackgroundPublisher
+        from ci_relay.service.tasks import configure, enqueue
+    except ImportError:  # --previous REV from before the service package (issue 12)
+        from ci_relay.app import create_app  # type: ignore[no-redef]
+        from ci_relay.publisher import BackgroundPublisher  # type: ignore[no-redef]
+        from ci_relay.tasks import configure, enqueue  # type: ignore[no-redef]
 
     rt = configure(Settings())
     rt.db.upgrade()

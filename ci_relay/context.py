@@ -9,8 +9,7 @@ from pathlib import Path
 from ci_relay.policy import Policy, load_policy
 from ci_relay.settings import Settings
 from ci_relay.store.database import Database
-
-BUNDLED_SPECS = Path(__file__).resolve().parent.parent / "reuse_specs" / "specs"
+from reuse_specs import BUNDLED_SPECS
 
 
 @dataclass

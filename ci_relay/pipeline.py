@@ -2,7 +2,7 @@
 
 Each step is idempotent and claims its row with a conditional update, so a
 duplicated or redelivered task does nothing twice; Celery tasks in
-:mod:`ci_relay.tasks` only call these and enqueue what they return.
+:mod:`ci_relay.service.tasks` only call these and enqueue what they return.
 """
 
 from __future__ import annotations

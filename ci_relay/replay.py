@@ -20,7 +20,7 @@ class ReplayError(RuntimeError):
 
 def replay_delivery(settings: Settings, source: str, event: str | None) -> int:
     """Store a copy as a new delivery (source ``replay``) and enqueue it; returns its id."""
-    from ci_relay.tasks import configure, enqueue
+    from ci_relay.service.tasks import configure, enqueue
 
     rt = configure(settings)
     rt.db.upgrade()

@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from ci_relay.app import create_app
 from ci_relay.context import RelayContext
+from ci_relay.service.app import create_app
 from ci_relay.settings import Settings
 from ci_relay.steps import Next
 

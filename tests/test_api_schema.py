@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis import BaseSchema as BaseOpenAPISchema
 
 from ci_relay import pipeline
-from ci_relay.app import create_app
 from ci_relay.context import RelayContext
+from ci_relay.service.app import create_app
 from ci_relay.settings import Settings
 from ci_relay.store.models import Change, Run, Shard, TestResult
 from tests import fuzzing

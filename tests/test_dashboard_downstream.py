@@ -22,8 +22,8 @@ import uvicorn
 from sqlalchemy import select
 
 from ci_relay import pipeline
-from ci_relay.app import create_app
 from ci_relay.context import RelayContext
+from ci_relay.service.app import create_app
 from ci_relay.store.models import Change, Run
 from tests.relay_fixtures import make_settings
 from tests.reporting_fakes import seed_run

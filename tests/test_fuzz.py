@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ci_relay.app import create_app
 from ci_relay.context import RelayContext
 from ci_relay.request_body import _lone_surrogate
+from ci_relay.service.app import create_app
 from tests import fuzzing
 from tests.relay_fixtures import fresh_postgres_database, make_settings
 

@@ -16,9 +16,9 @@ import uvicorn
 from sqlalchemy import func, select
 
 from ci_relay import pipeline
-from ci_relay.app import create_app
 from ci_relay.context import RelayContext
 from ci_relay.intake.signature import sign, verify
+from ci_relay.service.app import create_app
 from ci_relay.steps import Next
 from ci_relay.store.models import AuditRecord, Change, Delivery, Run
 from tests.relay_fixtures import DISPATCH_TOKEN, FIXTURES, SECRET, Relay, make_settings

@@ -20,9 +20,9 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from sqlalchemy import func, select
 
-from ci_relay.app import create_app
 from ci_relay.checkouts import CheckoutError, UpstreamMirror
 from ci_relay.context import RelayContext
+from ci_relay.service.app import create_app
 from ci_relay.store.models import AuditRecord, Change, Delivery, Run
 from tests.relay_fixtures import DISPATCH_TOKEN, FIXTURES, Relay, make_settings
 from tests.test_intake import counts, headers, process_all

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("ci_relay", "test_selection", "reuse_specs", "spyre_emu")
-HIGH = ("ci_relay.pipeline", "ci_relay.tasks", "ci_relay.app", "ci_relay.cli", "ci_relay.service")
+HIGH = ("ci_relay.pipeline", "ci_relay.service", "ci_relay.cli")
 
 # (importer prefix, forbidden import prefixes, why)
 RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -32,6 +32,7 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ),
     ("ci_relay.execution", HIGH, "execution runs what the pipeline asks"),
     ("ci_relay.steps", HIGH, "the step protocol sits below the steps"),
+    ("ci_relay.pipeline", ("ci_relay.service", "ci_relay.cli"), "the service runs the steps"),
 )
 
 
@@ -90,7 +91,7 @@ def test_no_lower_part_imports_a_higher_one() -> None:
         ("ci_relay.reporting.build", "def f():\n    from ci_relay import pipeline\n"),
         ("test_selection.selector", "import ci_relay.settings\n"),
         ("reuse_specs.devices.spyre_card", "from spyre_emu.test_base import x\n"),
-        ("ci_relay.dashboard.queries", "from ..tasks import app\n"),
+        ("ci_relay.dashboard.queries", "from ..service.tasks import app\n"),
     ],
 )
 def test_a_reversed_import_is_caught(module: str, source: str) -> None:
@@ -100,3 +101,20 @@ def test_a_reversed_import_is_caught(module: str, source: str) -> None:
 def test_the_flow_downwards_is_allowed() -> None:
     assert not violations("ci_relay.pipeline", "from ci_relay.intake.events import summarize\n")
     assert not violations("ci_relay.intake.routes", "from ci_relay.steps import Next\n")
+
+
+def test_the_runner_side_command_line_imports_no_server_library() -> None:
+    """Shards run ``python -m ci_relay run`` in runner images that carry no database, broker
+    or web libraries: importing the command line must not need them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ci_relay.cli, ci_relay.execution.spec_run; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'alembic', 'sqlalchemy', 'celery', 'fastapi', 'redis', 'uvicorn'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "[]", out.stdout

@@ -22,7 +22,6 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from ci_relay import pipeline
-from ci_relay.app import create_app
 from ci_relay.context import RelayContext
 from ci_relay.execution.excerpt import head_and_tail
 from ci_relay.execution.junit import write_junit
@@ -31,6 +30,7 @@ from ci_relay.execution.spec_run import TestOutcome
 from ci_relay.reporting import sender
 from ci_relay.reporting.caps import Budget, failed_test
 from ci_relay.reporting.github import AppAuth
+from ci_relay.service.app import create_app
 from ci_relay.store.models import Change, Delivery, Run, Shard, TestResult
 from tests.gitrepo import GitRepo
 from tests.relay_fixtures import make_settings

@@ -20,8 +20,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import func, inspect, select
 
-from ci_relay.app import create_app
 from ci_relay.context import RelayContext
+from ci_relay.service.app import create_app
 from ci_relay.store.database import alembic_config
 from ci_relay.store.models import AuditRecord, Base, CrcrResult
 from tests.relay_fixtures import make_settings

@@ -137,7 +137,7 @@ def test_hud_report_is_accepted_by_another_relays_ingest(
     import httpx
     import uvicorn
 
-    from ci_relay.app import create_app
+    from ci_relay.service.app import create_app
 
     other = RelayContext(
         make_settings(f"sqlite:///{tmp_path / 'other.db'}", tmp_path, hud_token=HUD_TOKEN)
@@ -464,7 +464,7 @@ def test_the_reconciler_finds_overdue_reports(make_rt: Any) -> None:
     assert [(n.task, n.arg) for n in steps if n.task == "report"] == [("report", report)]
     from fastapi.testclient import TestClient
 
-    from ci_relay.app import create_app
+    from ci_relay.service.app import create_app
 
     with TestClient(create_app(rt, lambda steps: None)) as client:
         assert 'ci_relay_pending{kind="reports"} 1.0' in client.get("/metrics").text
@@ -480,7 +480,7 @@ def test_no_target_configured_queues_nothing(make_rt: Any) -> None:
 def test_the_celery_task_sends_and_queues_its_own_retry(make_rt: Any) -> None:
     """The task body as a worker runs it: a 503 leaves the row pending and puts a delayed
     ``relay.send_report`` on the (embedded) broker; the next run of the task sends it."""
-    from ci_relay import tasks
+    from ci_relay.service import tasks
 
     callback = CallbackReceiver(CALLBACK_TOKEN)
     callback.script(503, {"retry-after": "30"})

@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from ci_relay import pipeline
-from ci_relay.app import create_app
 from ci_relay.context import RelayContext
 from ci_relay.intake.signature import sign
+from ci_relay.service.app import create_app
 from ci_relay.settings import Settings
 from ci_relay.steps import Next
 from ci_relay.store.models import Run, Selection

@@ -95,8 +95,8 @@ def test_embedded_demo_shows_a_change_flowing_to_results(
 def test_pipeline_logs_are_json_with_the_delivery_id(
     relay: Relay, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from ci_relay import tasks
     from ci_relay.logs import configure_logging
+    from ci_relay.service import tasks
 
     body = (FIXTURES / "pull_request/opened.payload.json").read_bytes()
     relay.client.post(

@@ -21,7 +21,10 @@ REVIEWED = {
     ("ci_relay/settings.py", "settings_file"): "the settings object itself",
     ("ci_relay/cli/main.py", "_upstream_dir"): "TORCH_ROOT: torch-spyre's name for the checkout",
     ("reuse_specs/loader.py", "load_specs"): "TORCH_ROOT: torch-spyre's name for the checkout",
-    ("ci_relay/service.py", "worker_process"): "the embedded worker inherits the environment",
+    (
+        "ci_relay/service/processes.py",
+        "worker_process",
+    ): "the embedded worker inherits the environment",
     ("ci_relay/demo.py", "env"): "the demo relay's environment, minus the caller's CI_RELAY_*",
     ("ci_relay/sample_upstream/__init__.py", "_commit_env"): "git's own GIT_* variables removed",
     ("ci_relay/reporting/job_report.py", "write_github_output"): "GitHub Actions' GITHUB_OUTPUT",

@@ -21,7 +21,6 @@ from rich.table import Table
 
 from ci_relay.cli import report as report_commands
 from ci_relay.cli import select as select_commands
-from ci_relay.context import BUNDLED_SPECS
 from ci_relay.execution.outcomes import BAD_OUTCOMES, OUTCOMES
 from ci_relay.execution.spec_run import (
     EXIT_BAD_INPUT,
@@ -31,6 +30,7 @@ from ci_relay.execution.spec_run import (
     run_pytest,
 )
 from ci_relay.sample_upstream import SampleUpstreamError, build_sample_upstream
+from reuse_specs import BUNDLED_SPECS
 from reuse_specs.backends import BACKENDS, Backend, UnknownBackend, get_backend
 from reuse_specs.errors import SpecErrors
 from reuse_specs.loader import LoadedSpec, load_specs
@@ -627,8 +627,8 @@ def serve(
     ] = False,
 ) -> None:
     """Run the relay's API (webhooks, JSON API, /healthz, /readyz, /metrics)."""
-    from ci_relay.service import ServiceError
-    from ci_relay.service import serve as run_server
+    from ci_relay.service.processes import ServiceError
+    from ci_relay.service.processes import serve as run_server
 
     settings = _settings(local_demo=True if local_demo else None)
     _configure_logging()
@@ -651,7 +651,7 @@ def worker(
     ] = None,
 ) -> None:
     """Run a Celery worker for the relay's queues, with the reconciler."""
-    from ci_relay.service import all_queues, run_worker
+    from ci_relay.service.processes import all_queues, run_worker
 
     _configure_logging()
     run_worker(_settings(), queues or all_queues(), concurrency, reconcile_every, metrics_port)

@@ -7,12 +7,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from ci_relay import api, dashboard
+from ci_relay import dashboard
 from ci_relay.audit import AuditLog
 from ci_relay.context import RelayContext
 from ci_relay.dashboard import ingest as crcr_ingest
 from ci_relay.intake import routes as intake
 from ci_relay.metrics import Metrics
+from ci_relay.service import api
 from ci_relay.steps import Next
 
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from ci_relay.settings import Settings
 
-log = logging.getLogger("ci_relay.service")
+log = logging.getLogger("ci_relay.service.processes")
 
 
 class ServiceError(RuntimeError):
@@ -28,7 +28,7 @@ def check_can_serve(settings: Settings) -> None:
 
 
 def broker_reachable(settings: Settings) -> bool:
-    from ci_relay.tasks import celery_app
+    from ci_relay.service.tasks import celery_app
 
     if settings.embedded_broker:
         return settings.broker_folder.is_dir()
@@ -74,9 +74,9 @@ def serve(settings: Settings, host: str, port: int, with_worker: bool) -> None:
     """Run the API (and, in embedded mode, a worker child) until interrupted."""
     import uvicorn
 
-    from ci_relay.app import create_app
-    from ci_relay.publisher import BackgroundPublisher
-    from ci_relay.tasks import configure, enqueue
+    from ci_relay.service.app import create_app
+    from ci_relay.service.publisher import BackgroundPublisher
+    from ci_relay.service.tasks import configure, enqueue
 
     check_can_serve(settings)
     rt = configure(settings)
@@ -95,7 +95,7 @@ def serve(settings: Settings, host: str, port: int, with_worker: bool) -> None:
 
 
 def all_queues() -> str:
-    from ci_relay.tasks import SHORT_QUEUES, exec_queue
+    from ci_relay.service.tasks import SHORT_QUEUES, exec_queue
     from reuse_specs.backends import BACKENDS
 
     return ",".join([*SHORT_QUEUES, *(exec_queue(b) for b in BACKENDS)])
@@ -111,7 +111,7 @@ def run_worker(
     """A Celery worker on the given queues, with the reconciler running beside it."""
     from prometheus_client import start_http_server
 
-    from ci_relay.tasks import celery_app, configure, start_reconciler
+    from ci_relay.service.tasks import celery_app, configure, start_reconciler
 
     if metrics_port:
         start_http_server(metrics_port, addr="127.0.0.1")  # task durations and outcomes

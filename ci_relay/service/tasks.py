@@ -24,7 +24,7 @@ from ci_relay.reporting import sender
 from ci_relay.settings import Settings
 from ci_relay.steps import Next
 
-log = logging.getLogger("ci_relay.tasks")
+log = logging.getLogger("ci_relay.service.tasks")
 
 celery_app = Celery("ci_relay")
 TASK_SECONDS = Histogram(

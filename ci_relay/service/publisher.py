@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from ci_relay.steps import Next
 
-log = logging.getLogger("ci_relay.publisher")
+log = logging.getLogger("ci_relay.service.publisher")
 
 
 class BackgroundPublisher:
