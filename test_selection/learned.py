@@ -124,6 +124,19 @@ def _prefixes(imports: set[str]) -> frozenset[str]:
     return _prefix_set(frozenset(imports))
 
 
+def _add_share(
+    history: History, indexes: Sequence[int], test_set: set[str], into: dict[str, float]
+) -> None:
+    """Add, per test file, the share of the commits ``indexes`` that changed it too."""
+    if not indexes:
+        return
+    counts: Counter[str] = Counter()
+    for i in indexes:
+        counts.update(p for p in history.files[i] if p in test_set)
+    for test, count in counts.items():
+        into[test] += count / len(indexes)
+
+
 def features(
     history: History,
     at: int,
@@ -142,13 +155,7 @@ def features(
     test_set = set(test_files)
     any_source: set[int] = set()
     for indexes in seen.values():
-        if not indexes:
-            continue
-        per_source: Counter[str] = Counter()
-        for i in indexes:
-            per_source.update(p for p in history.files[i] if p in test_set)
-        for test, count in per_source.items():
-            pair[test] += count / len(indexes)
+        _add_share(history, indexes, test_set, pair)
         any_source.update(indexes)
     for i in any_source:
         for test in history.files[i]:
@@ -161,13 +168,7 @@ def features(
         indexes = sorted(
             {i for p, ix in history.folder_postings.get(folder, {}).items() for i in ix if i < at}
         )
-        if not indexes:
-            continue
-        per_folder: Counter[str] = Counter()
-        for i in indexes:
-            per_folder.update(p for p in history.files[i] if p in test_set)
-        for test, count in per_folder.items():
-            folder_pair[test] += count / len(indexes)
+        _add_share(history, indexes, test_set, folder_pair)
     source_dirs = [[d for d in s.split("/")[:-1] if d not in _STOP] for s in sources]
     words = set().union(*(_words(s) for s in sources)) if sources else set()
     modules = [m.split(".") for m in (_module(s) for s in sources) if m]
