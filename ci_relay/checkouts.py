@@ -22,8 +22,12 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ci_relay.identifiers import InvalidIdentifier, commit_id
+
+if TYPE_CHECKING:
+    from ci_relay.settings import Settings
 
 
 class CheckoutError(RuntimeError):
@@ -190,3 +194,10 @@ class UpstreamMirror:
 
     def __str__(self) -> str:
         return str(self.path)
+
+
+def upstream_mirror(settings: Settings) -> UpstreamMirror:
+    """The bare mirror of the configured upstream, shared by every worker on this machine."""
+    if settings.upstream_repo is None:
+        raise RuntimeError("CI_RELAY_UPSTREAM_REPO is not set: the relay has no upstream to test")
+    return UpstreamMirror(settings.upstream_repo, settings.data_dir.resolve() / "mirrors")

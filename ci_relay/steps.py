@@ -39,3 +39,8 @@ def delivery_event(delivery: Delivery) -> tuple[str, dict[str, Any]]:
         envelope = data.get("client_payload", data)
         return str(envelope["event_type"]), dict(envelope["payload"])
     return delivery.event, data
+
+
+def report_steps(message_ids: list[int]) -> list[Next]:
+    """Send steps for outbox messages just written (reporting.sender sends them)."""
+    return [Next("report", pk) for pk in message_ids]

@@ -399,10 +399,10 @@ def _run_isolated(
     """The shard runner: child processes in a runtime, resumed after every crash."""
     import tempfile
 
+    from ci_relay.execution.choice import runtime_options
     from ci_relay.execution.junit import write_junit
     from ci_relay.execution.runtimes import Limits, RuntimeUnavailable, get_runtime
     from ci_relay.execution.shard import ShardRequest, run_shard
-    from ci_relay.pipeline import runtime_options
 
     loaded, profile, root = _load_for_run(specs, upstream, backend)
     try:
@@ -498,7 +498,7 @@ def _policy_backends() -> list[str]:
 
 def _say_demo_runtimes(backends: tuple[str, ...]) -> None:
     """Where the demo's shards will run, and why not in a container when they cannot."""
-    from ci_relay.pipeline import shard_runtime
+    from ci_relay.execution.choice import shard_runtime
 
     # the demo's relay runs with CI_RELAY_RUNTIME=auto as a local demo: a machine without
     # Podman or bubblewrap runs the sample's tests unisolated, and the run page says so

@@ -1,0 +1,27 @@
+"""The relay's steps as plain functions over the database: deliveries -> changes -> runs ->
+results, one module per step (``process``, ``select``, ``execute``, ``collect``) and the
+``reconcile`` sweep.
+
+Each step is idempotent and claims its row with a conditional update, so a duplicated or
+redelivered task does nothing twice; the Celery tasks in :mod:`ci_relay.service.tasks` only
+call these and enqueue the :class:`ci_relay.steps.Next` they return.
+"""
+
+from ci_relay.pipeline.collect import collect
+from ci_relay.pipeline.execute import SHARD_TIMEOUT_SECONDS, execute_shard
+from ci_relay.pipeline.process import process_delivery
+from ci_relay.pipeline.reconcile import reconcile
+from ci_relay.pipeline.select import LEARN_FROM_RUNS, past_observations, select_tests
+from ci_relay.pipeline.trace import delivery_id_of
+
+__all__ = [
+    "LEARN_FROM_RUNS",
+    "SHARD_TIMEOUT_SECONDS",
+    "collect",
+    "delivery_id_of",
+    "execute_shard",
+    "past_observations",
+    "process_delivery",
+    "reconcile",
+    "select_tests",
+]

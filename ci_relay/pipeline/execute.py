@@ -1,0 +1,140 @@
+"""Step 3: one shard's tests run in the isolation runtime the settings allow, on a claimed
+device slot, and every result is stored."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy import or_, update
+
+from ci_relay.checkouts import CheckoutError, upstream_mirror
+from ci_relay.context import RelayContext
+from ci_relay.execution.choice import shard_runtime
+from ci_relay.execution.devices import claim_device
+from ci_relay.execution.outcomes import BAD_OUTCOMES
+from ci_relay.execution.runtimes import Limits, RuntimeUnavailable
+from ci_relay.execution.shard import ShardRequest, run_shard
+from ci_relay.steps import Next, claim_rows
+from ci_relay.store.models import (
+    Shard,
+    ShardState,
+    TestResult,
+    utcnow,
+)
+from reuse_specs.backends import get_backend
+
+log = logging.getLogger("ci_relay.pipeline")
+
+
+SHARD_TIMEOUT_SECONDS = 3600
+
+
+def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> list[Next]:
+    """Run one shard's tests through the configured runtime and store every result."""
+    with rt.db.session() as session:
+        claimed = claim_rows(
+            session,
+            update(Shard)
+            .where(Shard.id == shard_id)
+            .where(
+                or_(
+                    Shard.state == ShardState.PENDING,
+                    (Shard.state == ShardState.RUNNING)
+                    & (Shard.updated_at < utcnow() - stale_after),
+                )
+            )
+            .values(
+                state=ShardState.RUNNING,
+                attempts=Shard.attempts + 1,
+                started_at=utcnow(),
+                updated_at=utcnow(),
+            ),
+        )
+        if not claimed:
+            return []
+        shard = session.get(Shard, shard_id)
+        assert shard is not None
+        run_id, backend, head = shard.run_id, shard.run.backend, shard.run.change.head_sha
+        tests = list(shard.test_files)
+    settings = rt.settings
+    try:
+        runtime = shard_runtime(settings, backend)
+        mirror = upstream_mirror(rt.settings)
+        mirror.ensure(head)
+    except (RuntimeUnavailable, CheckoutError) as exc:
+        log.error("shard %s of run %s not run: %s", shard_id, run_id, exc)
+        return _shard_failed(rt, shard_id, run_id, str(exc))
+    with (
+        mirror.tree(head) as tree,
+        tempfile.TemporaryDirectory() as tmp,
+        claim_device(
+            backend,
+            get_backend(backend).processes_per_device,
+            settings.devices,
+            settings.device_lock_dir,
+            on_wait=lambda msg: log.info("shard %s: %s", shard_id, msg),
+        ) as device,
+    ):
+        report = run_shard(
+            runtime,
+            ShardRequest(
+                tests=tests,
+                specs=[p.resolve() for p in rt.specs],
+                upstream=tree,
+                scratch=Path(tmp),
+                backend=backend,
+                per_test_timeout=settings.per_test_timeout,
+                limits=Limits(
+                    memory_mb=settings.shard_memory_mb,
+                    wall_seconds=SHARD_TIMEOUT_SECONDS,
+                    scratch_mb=settings.shard_scratch_mb,
+                ),
+                env=device.env(),
+            ),
+        )
+    results = list(report.results.values())
+    failed = any(r.outcome in BAD_OUTCOMES for r in results)
+    code = 3 if report.error else (1 if failed else 0)
+    output = f"runtime {runtime.name}, {report.processes} process(es)\n" + "\n".join(report.log)
+    if report.error:
+        output = f"{report.error}\n{output}"
+    with rt.db.session() as session:
+        shard = session.get(Shard, shard_id)
+        assert shard is not None
+        for old in shard.results:
+            session.delete(old)
+        session.flush()
+        for case in results:
+            session.add(
+                TestResult(
+                    shard=shard,
+                    nodeid=case.nodeid,
+                    outcome="flaky" if case.flaky else case.outcome,
+                    mode=case.mode,
+                    duration=case.duration,
+                    message=case.message,
+                    details=case.details or None,
+                )
+            )
+        shard.exit_code = code
+        shard.state = ShardState.DONE if code in (0, 1) else ShardState.FAILED
+        shard.log_tail = output[-8000:]
+        shard.runtime = runtime.name
+        shard.error = report.error
+        shard.finished_at = utcnow()
+    log.info("shard %s of run %s finished with exit code %s", shard_id, run_id, code)
+    return [Next("collect", run_id)]
+
+
+def _shard_failed(rt: RelayContext, shard_id: int, run_id: int, error: str) -> list[Next]:
+    """End a shard that could not run at all (an infrastructure error, shown as such)."""
+    with rt.db.session() as session:
+        shard = session.get(Shard, shard_id)
+        assert shard is not None
+        shard.state, shard.exit_code = ShardState.FAILED, 3
+        shard.error, shard.log_tail = error, error
+        shard.finished_at = utcnow()
+    return [Next("collect", run_id)]

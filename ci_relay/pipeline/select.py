@@ -1,0 +1,170 @@
+"""Step 2: the four-stage selector plans a run's tests from the upstream mirror, fed by
+the backend's past results, and splits them into shards."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from sqlalchemy import or_, select, update
+
+from ci_relay.checkouts import CheckoutError, upstream_mirror
+from ci_relay.context import RelayContext
+from ci_relay.reporting.outbox import enqueue_reports
+from ci_relay.steps import Next, claim_rows, report_steps
+from ci_relay.store.models import (
+    Change,
+    Run,
+    RunState,
+    Selection,
+    Shard,
+    ShardState,
+    TestResult,
+    utcnow,
+)
+from reuse_specs.errors import SpecErrors
+from test_selection.agents import agent_by_name
+from test_selection.layout import EmptyUniverse
+from test_selection.observations import Observation
+from test_selection.selector import SelectorConfig
+from test_selection.selector import select as select_tests_for
+from test_selection.types import Budget, TestPlan
+
+log = logging.getLogger("ci_relay.pipeline")
+
+
+def select_tests(rt: RelayContext, run_id: int, stale_after: timedelta) -> list[Next]:
+    """Run the four-stage selector for a run's change and store its plan and shards."""
+    with rt.db.session() as session:
+        claimed = claim_rows(
+            session,
+            update(Run)
+            .where(Run.id == run_id)
+            .where(
+                or_(
+                    Run.state == RunState.PENDING,
+                    (Run.state == RunState.SELECTING) & (Run.updated_at < utcnow() - stale_after),
+                )
+            )
+            .values(state=RunState.SELECTING, updated_at=utcnow()),
+        )
+        run = session.get(Run, run_id)
+        if run is None:
+            return []
+        if not claimed:
+            return [
+                Next("execute", s.id, run.backend)
+                for s in run.shards
+                if s.state == ShardState.PENDING
+            ]
+        head, base, backend = run.change.head_sha, run.change.base_sha, run.backend
+        repository = run.change.repository
+    try:
+        observations = past_observations(rt, repository, backend, exclude_run=run_id)
+        plan = _plan(rt, head, base, observations)
+    except (CheckoutError, SpecErrors, EmptyUniverse) as exc:  # no commit, bad spec, no test
+        log.error("run %s: selection impossible: %s", run_id, exc)
+        return _run_failed(rt, run_id, f"selection failed: {exc}")
+    with rt.db.session() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        session.add(Selection(run=run, strategy=f"four-stage/{plan.agent}", plan=plan.to_json()))
+        shards = [
+            Shard(run=run, index=i, test_files=tests)
+            for i, tests in enumerate(plan.shards)
+            if tests
+        ]
+        session.add_all(shards)
+        run.started_at = utcnow()
+        if not shards:
+            run.state, run.conclusion, run.finished_at = RunState.COMPLETED, "neutral", utcnow()
+            log.info("run %s: the selector chose no test", run_id)
+            return report_steps(enqueue_reports(session, rt, run, "completed"))
+        run.state = RunState.RUNNING
+        reports = report_steps(enqueue_reports(session, rt, run, "in_progress"))
+        session.flush()
+        log.info(
+            "run %s: %d of %d tests selected in %d shard(s)",
+            run_id,
+            len(plan.selected),
+            plan.universe_size,
+            len(shards),
+        )
+        return [Next("execute", shard.id, backend) for shard in shards] + reports
+
+
+LEARN_FROM_RUNS = 20  # the newest runs of a backend whose results the selector learns from
+LEARN_MAX_RESULTS = 200_000
+
+
+def past_observations(
+    rt: RelayContext, repository: str, backend: str, exclude_run: int | None = None
+) -> tuple[Observation, ...]:
+    """The results of the newest finished runs of this repository on this backend: what the
+    selector learns durations, failures and flakes from."""
+    with rt.db.session() as session:
+        run_ids = list(
+            session.scalars(
+                select(Run.id)
+                .join(Change)
+                .where(
+                    Change.repository == repository,
+                    Run.backend == backend,
+                    Run.state == RunState.COMPLETED,
+                    Run.id != (exclude_run or -1),
+                )
+                .order_by(Run.id.desc())
+                .limit(LEARN_FROM_RUNS)
+            )
+        )
+        if not run_ids:
+            return ()
+        rows = session.execute(
+            select(TestResult.nodeid, TestResult.outcome, TestResult.duration, Shard.run_id)
+            .join(Shard, Shard.id == TestResult.shard_id)
+            .where(Shard.run_id.in_(run_ids))
+            .limit(LEARN_MAX_RESULTS)
+        ).all()
+    return tuple(Observation(n, o, float(d or 0.0), r) for n, o, d, r in rows)
+
+
+def _plan(
+    rt: RelayContext, head: str, base: str | None, observations: tuple[Observation, ...] = ()
+) -> TestPlan:
+    """The four-stage selector's plan for head against base (or head's parent)."""
+    mirror = upstream_mirror(rt.settings)
+    settings = rt.settings
+    budget = Budget.parse(settings.selection_budget)
+    mirror.ensure(head)
+    if base is not None:
+        mirror.ensure(base)
+    else:  # a new branch: compare with the parent, or run everything for a root
+        parent = mirror.rev_parse(f"{head}^")
+        base, budget = (parent, budget) if parent else (head, Budget("all"))
+    cache = settings.data_dir.resolve() / "cache"
+    config = SelectorConfig(
+        budget=budget,
+        agent=agent_by_name(
+            settings.selection_agent,
+            cache,
+            settings.llm_url,
+            settings.llm_model,
+            settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+        ),
+        shards=settings.shards_per_run,
+        cache_dir=cache,
+        observations=observations,
+    )
+    with mirror.tree(head) as tree:
+        plan, _ = select_tests_for(tree, base, head, rt.specs, config)
+    return plan
+
+
+def _run_failed(rt: RelayContext, run_id: int, error: str) -> list[Next]:
+    """End a run that cannot be tested (an infrastructure error), and report it."""
+    with rt.db.session() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        run.state, run.conclusion, run.error = RunState.COMPLETED, "error", error[:4000]
+        run.finished_at = utcnow()
+        return report_steps(enqueue_reports(session, rt, run, "completed"))
