@@ -51,6 +51,7 @@ from ci_relay.dashboard.views import (
     TestHistory,
     TrendPoint,
     Trends,
+    from_row,
 )
 from ci_relay.execution.outcomes import BAD_OUTCOMES
 from ci_relay.store.models import (
@@ -252,23 +253,7 @@ def _changes(session: Session, *where: ColumnElement[bool]) -> list[ChangeInfo]:
         .where(*where)
         .order_by(Change.id)
     ).all()
-    return [
-        ChangeInfo(
-            id=r.id,
-            repository=r.repository,
-            kind=r.kind,
-            number=r.number,
-            ref=r.ref,
-            base_sha=r.base_sha,
-            head_sha=r.head_sha,
-            event=r.event,
-            action=r.action,
-            delivery_id=r.delivery_id,
-            received_at=r.received_at,
-            title=_title(r.source, r.body),
-        )
-        for r in rows
-    ]
+    return [from_row(ChangeInfo, r, title=_title(r.source, r.body)) for r in rows]
 
 
 def _runs(session: Session, *where: ColumnElement[bool]) -> list[RunInfo]:
@@ -302,22 +287,11 @@ def _runs(session: Session, *where: ColumnElement[bool]) -> list[RunInfo]:
         session, [r.id for r in rows if r.state in (RunState.SELECTING, RunState.RUNNING)]
     )
     return [
-        RunInfo(
-            id=r.id,
-            change_id=r.change_id,
-            repository=r.repository,
-            head_sha=r.head_sha,
-            number=r.number,
-            backend=r.backend,
-            attempt=r.attempt,
-            level=r.level,
-            state=r.state,
-            conclusion=r.conclusion,
+        from_row(
+            RunInfo,
+            r,
             status=run_status(r.state, r.conclusion),
             counts=ordered_counts(live.get(r.id) or r.counts or {}),
-            created_at=r.created_at,
-            started_at=r.started_at,
-            finished_at=r.finished_at,
             shards=[s for (run_id, _), s in sorted(shards.items()) if run_id == r.id],
             failures=failures.get(r.id, []),
             failures_total=totals.get(r.id, 0),
@@ -333,7 +307,7 @@ def _shards(session: Session, run_ids: list[int]) -> dict[tuple[int, int], Shard
     rows = session.execute(
         select(
             Shard.run_id,
-            Shard.index.label("shard_index"),
+            Shard.index,
             Shard.state,
             Shard.exit_code,
             Shard.attempts,
@@ -346,19 +320,7 @@ def _shards(session: Session, run_ids: list[int]) -> dict[tuple[int, int], Shard
         ).where(Shard.run_id.in_(run_ids))
     ).all()
     return {
-        (r.run_id, r.shard_index): ShardInfo(
-            run_id=r.run_id,
-            index=r.shard_index,
-            state=r.state,
-            exit_code=r.exit_code,
-            attempts=r.attempts,
-            tests=int(r.tests or 0),
-            started_at=r.started_at,
-            finished_at=r.finished_at,
-            log_tail=r.log_tail,
-            runtime=r.runtime,
-            error=r.error,
-        )
+        (r.run_id, r._mapping["index"]): from_row(ShardInfo, r, tests=int(r.tests or 0))
         for r in rows
     }
 
@@ -582,16 +544,10 @@ def _reports(session: Session, run_id: int) -> list[ReportInfo]:
         .order_by(OutboxMessage.id)
     ).all()
     return [
-        ReportInfo(
-            id=r.id,
-            target=r.target,
-            event=r.event,
-            state=r.state,
-            attempts=r.attempts,
+        from_row(
+            ReportInfo,
+            r,
             next_attempt_at=r.next_attempt_at if r.state in _OPEN_REPORTS else None,
-            last_error=r.last_error,
-            created_at=r.created_at,
-            sent_at=r.sent_at,
         )
         for r in rows
     ]

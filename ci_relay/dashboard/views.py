@@ -8,9 +8,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
+
+V = TypeVar("V")
+
+
+def from_row(view: type[V], row: Any, **computed: Any) -> V:
+    """A view from a query row, copied once here for every page: each field the row has by
+    name, the ones it cannot have from ``computed``; a field neither has keeps its default
+    (and a required one missing is a TypeError, never a silent blank)."""
+    data = row._mapping
+    values = {
+        f.name: computed[f.name] if f.name in computed else data[f.name]
+        for f in fields(view)  # type: ignore[arg-type]
+        if f.name in computed or f.name in data
+    }
+    return view(**values)
 
 
 @dataclass(frozen=True)
