@@ -19,7 +19,7 @@ PACKAGES = ("ci_relay", "test_selection", "reuse_specs", "spyre_emu")
 REVIEWED = {
     ("ci_relay/settings.py", "settings_customise_sources"): "the settings object itself",
     ("ci_relay/settings.py", "settings_file"): "the settings object itself",
-    ("ci_relay/cli/main.py", "_upstream_dir"): "TORCH_ROOT: torch-spyre's name for the checkout",
+    ("ci_relay/cli/common.py", "_upstream_dir"): "TORCH_ROOT: torch-spyre's name for the checkout",
     ("reuse_specs/loader.py", "load_specs"): "TORCH_ROOT: torch-spyre's name for the checkout",
     (
         "ci_relay/service/processes.py",

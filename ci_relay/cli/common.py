@@ -1,0 +1,148 @@
+"""What every command group shares: the consoles, the common options, errors and exit codes,
+reading specs and settings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+
+from ci_relay.execution.spec_run import (
+    EXIT_BAD_INPUT,
+)
+from reuse_specs.backends import BACKENDS, Backend, UnknownBackend, get_backend
+from reuse_specs.errors import SpecErrors
+from reuse_specs.loader import LoadedSpec, load_specs
+from reuse_specs.upstream_check import check_against_upstream
+
+if TYPE_CHECKING:
+    from ci_relay.settings import Settings
+
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+UpstreamOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--upstream",
+        help="PyTorch checkout (or sample upstream); sets ${TORCH_ROOT}. Default: $TORCH_ROOT.",
+    ),
+]
+BackendOpt = Annotated[
+    str, typer.Option("--backend", help=f"Backend profile: {', '.join(sorted(BACKENDS))}.")
+]
+LabelOpt = Annotated[
+    str | None, typer.Option("--label", help="Run only tests whose labels include this one.")
+]
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def _spec_files(paths: list[Path]) -> list[Path]:
+    """Files as given; a directory stands for the YAML files directly in it."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(p for p in path.glob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+        else:
+            files.append(path)
+    return files
+
+
+def _relative(path: Path) -> Path:
+    """Shorter paths in messages when the file is below the working directory."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+def _report_spec_errors(exc: SpecErrors) -> None:
+    for error in exc.errors:
+        out.print(str(error), markup=False, soft_wrap=True)
+
+
+def _upstream_dir(upstream: Path | None) -> Path:
+    if upstream is None and os.environ.get("TORCH_ROOT"):
+        upstream = Path(os.environ["TORCH_ROOT"])
+    if upstream is None:
+        raise _fail("no upstream tree: pass --upstream DIR or set TORCH_ROOT")
+    if not upstream.is_dir():
+        raise _fail(f"upstream {upstream} is not a directory")
+    return upstream.resolve()
+
+
+def _load_for_run(
+    specs: list[Path], upstream: Path | None, backend: str
+) -> tuple[LoadedSpec, Backend, Path]:
+    root = _upstream_dir(upstream)
+    try:
+        profile = get_backend(backend)
+        loaded = load_specs(_spec_files(specs), root, profile.name)
+        check_against_upstream(loaded)
+    except UnknownBackend as exc:
+        raise _fail(str(exc)) from None
+    except SpecErrors as exc:
+        _report_spec_errors(exc)
+        raise _fail(f"{len(exc.errors)} error(s) in the spec; nothing was run") from None
+    return loaded, profile, root
+
+
+def _check_backend(profile: Backend) -> None:
+    from reuse_specs.backends import BackendUnavailable
+
+    try:
+        profile.check(_settings().spyre_device_glob)
+    except BackendUnavailable as exc:
+        raise _fail(str(exc)) from None
+
+
+def _policy_backends() -> list[str]:
+    """Every backend the configured policy file runs (what this relay's workers need)."""
+    from ci_relay.policy import PolicyError, load_policy
+
+    settings = _settings()
+    if settings.policy_file is None:
+        return []
+    try:
+        policy = load_policy(settings.policy_file)
+    except PolicyError as exc:
+        raise _fail(str(exc)) from None
+    return sorted({b for repo in policy.repositories.values() for b in repo.backends})
+
+
+def _say_demo_runtimes(backends: tuple[str, ...]) -> None:
+    """Where the demo's shards will run, and why not in a container when they cannot."""
+    from ci_relay.execution.choice import shard_runtime
+
+    # the demo's relay runs with CI_RELAY_RUNTIME=auto as a local demo: a machine without
+    # Podman or bubblewrap runs the sample's tests unisolated, and the run page says so
+    settings = _settings(runtime="auto", local_demo=True)
+    for backend in backends:
+        runtime = shard_runtime(settings, backend, say=lambda msg: err.print(f"[yellow]{msg}[/]"))
+        where = "local (NOT isolated)" if runtime.name == "local" else runtime.name
+        out.print(f"{backend} shards run in: {where}")
+
+
+def _settings(**overrides: object) -> Settings:
+    from pydantic import ValidationError
+
+    from ci_relay.settings import Settings
+
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise _fail(f"bad settings: {exc}") from None
+
+
+def _configure_logging() -> None:
+    from ci_relay.logs import configure_logging
+
+    configure_logging()

@@ -1,0 +1,50 @@
+"""``ci-relay images build``: the runner (and relay) container images, built locally."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ci_relay.cli.common import (
+    _fail,
+    _policy_backends,
+    out,
+)
+from reuse_specs.backends import UnknownBackend, get_backend
+
+images_app = typer.Typer(help="Test-runner container images.", no_args_is_help=True)
+
+
+@images_app.command("build")
+def images_build(
+    backend: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Backends to build runner images for "
+            "(default: every backend of the policy file, else cpu)."
+        ),
+    ] = None,
+    relay: Annotated[
+        bool, typer.Option("--relay", help="Also build the relay's own image (API and workers).")
+    ] = False,
+) -> None:
+    """Build images offline (debootstrap base, local wheelhouse); reuses what exists."""
+    import subprocess
+
+    backends = backend or _policy_backends() or ["cpu"]
+    for name in backends:
+        try:
+            get_backend(name)
+        except UnknownBackend as exc:
+            raise _fail(str(exc)) from None
+    root = Path(__file__).resolve().parents[2]  # ci_relay/cli/main.py -> the checkout
+    if not (root / "pyproject.toml").is_file() or not (root / "docker").is_dir():
+        raise _fail(f"{root} is not a ci-relay source checkout (images build from one)")
+    script = root / "ci_relay" / "execution" / "build_images.sh"
+    targets = [f"runner-{b}" for b in backends] + (["relay"] if relay else [])
+    if subprocess.run(["bash", str(script), str(root), *targets]).returncode:
+        raise _fail("image build failed (see the messages above)", 1)
+    ready = ", ".join(f"localhost/ci-relay-{t}:latest" for t in targets)
+    out.print(f"image(s) ready: {ready}")
