@@ -342,7 +342,7 @@ def test_sandbox_binds_only_what_the_child_needs(tmp_path: Path) -> None:
     binds = {(a, b) for flag, a, b in pairs if flag in ("--ro-bind", "--bind") and a == b}
     assert ("/", "/") not in binds and ("/usr", "/usr") in binds and ("/etc", "/etc") in binds
     assert (str(tmp_path / "scratch"),) * 2 in binds and (str(tmp_path / "up"),) * 2 in binds
-    repo = Path(runtimes.__file__).resolve().parents[2]
+    repo = Path(runtimes.__file__).resolve().parents[3]  # runtimes/__init__.py
     assert (str(repo),) * 2 not in binds  # the repository (with .ci-relay/) is not bound
     assert (str(repo / "ci_relay"),) * 2 in binds  # only the packages the child imports
     assert ("--ro-bind", "/dev/null", str(hidden)) in pairs  # masked
@@ -361,13 +361,13 @@ def test_sandbox_refuses_without_its_tools(monkeypatch: pytest.MonkeyPatch) -> N
     real_which = shutil.which
     for tool, why in (("bwrap", "bubblewrap is not installed"), ("prlimit", "prlimit is missing")):
         monkeypatch.setattr(
-            runtimes.shutil, "which", lambda name, t=tool: None if name == t else real_which(name)
+            shutil, "which", lambda name, t=tool: None if name == t else real_which(name)
         )
         with pytest.raises(RuntimeUnavailable, match=why):
             SandboxRuntime().check()
     if os.geteuid() == 0:
         monkeypatch.setattr(
-            runtimes.shutil, "which", lambda name: None if name == "setpriv" else real_which(name)
+            shutil, "which", lambda name: None if name == "setpriv" else real_which(name)
         )
         with pytest.raises(RuntimeUnavailable, match="setpriv is missing"):
             SandboxRuntime().check()

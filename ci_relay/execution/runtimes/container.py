@@ -1,0 +1,238 @@
+"""``container``: a container through the Docker Engine API (Docker, or Podman's socket):
+no network, no capabilities, an unprivileged user, a read-only image, limits checked
+as applied before the container starts."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ci_relay.execution.runtimes.process import (
+    BUILD_HINT,
+    CONTAINER_NOFILE,
+    CONTAINER_NPROC,
+    CONTAINER_USER,
+    ENGINE_LOG_MAX,
+    MASK_DIR,
+    PODMAN_SOCKET,
+    SMALL_TMPFS_MB,
+    TMPFS_MB,
+    Completed,
+    Invocation,
+    Limits,
+    RuntimeUnavailable,
+    _is_root,
+    _namespace_pids,
+    _Output,
+    _prepare_scratch,
+    _ScratchWatch,
+    shard_env,
+)
+from ci_relay.execution.runtimes.sandbox import _visible_as
+
+
+class ContainerRuntime:
+    """A container per shard process through the Docker Engine API (Docker, or Podman's
+    compatible socket at ``docker_host``): no capabilities, no new privileges, a non-root
+    user, network off, read-only root, only scratch/work writable, memory/pids/cpu and
+    file-size limits, bounded logs, an allowlisted environment, the worker's hidden files
+    masked where a bound folder would show them."""
+
+    name = "container"
+    python = "python"
+
+    def __init__(
+        self,
+        backend: str = "cpu",
+        docker_host: str = PODMAN_SOCKET,
+        hidden: Sequence[Path] = (),
+    ) -> None:
+        self.image = f"localhost/ci-relay-runner-{backend}:latest"
+        self.docker_host = docker_host
+        self.hidden = tuple(Path(p) for p in hidden)
+        self._client: Any = None
+
+    def _docker(self) -> Any:
+        if self._client is None:
+            import docker
+
+            self._client = docker.DockerClient(base_url=self.docker_host, timeout=60)
+        return self._client
+
+    def check(self) -> None:
+        import docker.errors
+
+        try:
+            self._docker().ping()
+        except Exception as exc:
+            raise RuntimeUnavailable(
+                f"no container engine at {self.docker_host} "
+                f"({type(exc).__name__}); start one (scripts/services.sh starts Podman's socket)"
+            ) from None
+        try:
+            self._docker().images.get(self.image)
+        except docker.errors.ImageNotFound:
+            raise RuntimeUnavailable(
+                f"runner image {self.image} is missing: build it with `{BUILD_HINT}`"
+            ) from None
+        with tempfile.TemporaryDirectory(prefix="ci-relay-probe-") as tmp:
+            inv = Invocation(["true"], Path(tmp), Path(tmp), limits=Limits(scratch_mb=16))
+            user, _owner = self._user()
+            probe = self._create(inv, inv.argv, Path(tmp), user)  # created, never started
+            try:
+                self._verify(probe, inv, user)
+            finally:
+                with contextlib.suppress(docker.errors.APIError):
+                    probe.remove(force=True)
+
+    def _user(self) -> tuple[str, tuple[int, int] | None]:
+        """The container's user, and who must own scratch/work (None: it is already ours)."""
+        if _is_root():
+            uid, gid = (int(x) for x in CONTAINER_USER.split(":"))
+            return CONTAINER_USER, (uid, gid)
+        return f"{os.getuid()}:{os.getgid()}", None
+
+    def _masks(self, inv: Invocation) -> list[Any]:
+        """Hidden paths the bound folders would show: /dev/null over a file, an empty
+        read-only folder over a folder (a tmpfs would go under the bind, not over it)."""
+        import docker.types
+
+        mounts = []
+        empty = inv.scratch / MASK_DIR
+        for path in self.hidden:
+            for shown in _visible_as(path, (inv.upstream, inv.scratch)):
+                if shown.is_dir():
+                    empty.mkdir(mode=0o555, exist_ok=True)
+                    source = str(empty)
+                elif shown.exists():
+                    source = "/dev/null"
+                else:
+                    continue
+                mounts.append(docker.types.Mount(str(shown), source, type="bind", read_only=True))
+        return mounts
+
+    def _create(self, inv: Invocation, argv: list[str], work: Path, user: str) -> Any:
+        import docker.types
+
+        quota = inv.limits.scratch_mb * 1024 * 1024
+        env = {k: v for k, v in shard_env(inv.env, inv.scratch).items() if k != "PATH"}
+        return self._docker().containers.create(
+            self.image,
+            command=argv,
+            init=True,  # a real PID 1, so a test's signals (SIGSEGV, ...) act as on the host
+            user=user,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            # both: Podman's compatible API ignores NetworkDisabled (the container got the
+            # default bridge and the internet), and honours only the network mode
+            network_disabled=True,
+            network_mode="none",
+            read_only=True,
+            mem_limit=f"{inv.limits.memory_mb}m",
+            memswap_limit=f"{inv.limits.memory_mb}m",
+            pids_limit=inv.limits.pids,
+            nano_cpus=int(inv.limits.cpus * 1e9) if inv.limits.cpus else None,
+            ulimits=[
+                docker.types.Ulimit(name="fsize", soft=quota, hard=quota),
+                docker.types.Ulimit(name="core", soft=0, hard=0),
+                docker.types.Ulimit(name="nofile", soft=CONTAINER_NOFILE, hard=CONTAINER_NOFILE),
+                docker.types.Ulimit(name="nproc", soft=CONTAINER_NPROC, hard=CONTAINER_NPROC),
+            ],
+            # Docker's json-file driver; Podman maps it to k8s-file and honours max-size
+            log_config=docker.types.LogConfig(
+                type=docker.types.LogConfig.types.JSON, config={"max-size": ENGINE_LOG_MAX}
+            ),
+            tmpfs={
+                "/tmp": f"size={TMPFS_MB}m,mode=1777",
+                "/var/tmp": f"size={SMALL_TMPFS_MB}m,mode=1777",
+            },
+            environment=env,
+            working_dir=str(work),
+            volumes={
+                str(inv.upstream): {"bind": str(inv.upstream), "mode": "ro"},
+                str(inv.scratch): {"bind": str(inv.scratch), "mode": "rw"},
+            },
+            mounts=self._masks(inv),
+        )
+
+    def _verify(self, container: Any, inv: Invocation, user: str) -> None:
+        """Fail closed: an engine that dropped any of the isolation asked for (as Podman
+        drops NetworkDisabled) runs nothing."""
+        host = container.attrs.get("HostConfig", {})
+        wrong = []
+        if host.get("NetworkMode") != "none":
+            wrong.append(f"network mode {host.get('NetworkMode')!r}")
+        if not host.get("ReadonlyRootfs"):
+            wrong.append("a writable root")
+        if host.get("Privileged") or host.get("CapAdd"):
+            wrong.append(f"privileges (added {host.get('CapAdd')})")
+        if not host.get("CapDrop"):
+            wrong.append("capabilities kept")
+        if not any(o.startswith("no-new-privileges") for o in host.get("SecurityOpt") or []):
+            wrong.append("new privileges allowed")
+        if host.get("PidsLimit") != inv.limits.pids:
+            wrong.append(f"pids limit {host.get('PidsLimit')}")
+        if host.get("Memory") != inv.limits.memory_mb * 1024 * 1024:
+            wrong.append(f"memory limit {host.get('Memory')}")
+        if container.attrs.get("Config", {}).get("User") != user:
+            wrong.append(f"user {container.attrs.get('Config', {}).get('User')!r}")
+        if wrong:
+            raise RuntimeUnavailable(
+                f"the container engine at {self.docker_host} did not apply the isolation "
+                f"asked for: {', '.join(wrong)}; no upstream code runs there"
+            )
+
+    def run(self, inv: Invocation) -> Completed:
+        import docker.errors
+
+        user, owner = self._user()
+        work = _prepare_scratch(inv, owner, 0o700)
+        container = self._create(inv, inv.argv, work, user)
+        try:
+            self._verify(container, inv, user)
+            container.start()
+            watch = _ScratchWatch(inv.scratch, inv.limits.scratch_mb)
+            code, timed_out, killed_for = _wait_polling(container, inv.limits.wall_seconds, watch)
+            output = _Output()
+            for chunk in container.logs(stream=True, follow=False):
+                output.add(chunk)
+            return Completed(code, output.text(), timed_out, killed_for)
+        finally:
+            with contextlib.suppress(docker.errors.APIError):
+                container.remove(force=True)
+
+
+def _wait_polling(
+    container: Any, wall_seconds: float, watch: _ScratchWatch
+) -> tuple[int, bool, str | None]:
+    """Wait for the container to exit by asking for its state now and then.
+
+    Not the engine's blocking ``wait``: Podman's API service busy-polls while one is open,
+    burning a whole core per waiting shard (measured: two CPU-bound shards ran 0.66x as
+    fast as one; polling brought them to parallel speed). Kills the container at the limit,
+    or when its scratch folder goes over quota (counting deleted files its processes hold).
+    """
+    deadline = time.monotonic() + wall_seconds
+    pause = 0.02
+    while True:
+        container.reload()
+        state = container.attrs.get("State", {})
+        if state.get("Status") in ("exited", "stopped", "dead"):
+            return int(state.get("ExitCode", -1)), False, None
+        if time.monotonic() >= deadline:
+            container.kill()
+            return -signal.SIGKILL, True, None
+        pid = int(state.get("Pid") or 0)  # the container's PID 1, seen from the host
+        killed_for = watch.over(functools.partial(_namespace_pids, pid) if pid > 0 else tuple)
+        if killed_for:
+            container.kill()
+            return -signal.SIGKILL, False, killed_for
+        time.sleep(pause)
+        pause = min(pause * 2, 0.25)
