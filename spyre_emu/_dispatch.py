@@ -14,6 +14,9 @@ Per-op decisions (is the op allowed, does it write to an argument, take a
 device or a generator) are made once per ``OpOverload`` and cached as a
 closure, so the per-call path is a dict lookup, one pass over the arguments
 and one wrap per result.
+
+Over 400 lines on purpose: the wrapper type, its dispatch and the per-op decisions are one
+hot path whose invariants (what is wrapped, when data is copied) must be read together.
 """
 
 from __future__ import annotations

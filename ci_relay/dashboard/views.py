@@ -2,6 +2,10 @@
 
 The HTML templates and the JSON API render the same objects, so a page and its
 ``/api/...`` twin can never disagree about the data.
+
+Over 400 lines on purpose: it is the dashboard's whole vocabulary, one frozen dataclass
+per thing a page shows and no logic beyond small derived properties; kept together so a
+template author reads every field in one place.
 """
 
 from __future__ import annotations

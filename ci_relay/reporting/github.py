@@ -7,6 +7,10 @@ annotations per request (the rest go in PATCHes, progress saved after each, so a
 never repeats a batch), 1,000 statuses per (sha, context). A rate limit (primary:
 ``x-ratelimit-remaining: 0`` until ``x-ratelimit-reset``; secondary: ``Retry-After``)
 reschedules the message instead of failing it.
+
+Over 400 lines on purpose: one target, one protocol: authentication, the check-run and
+status bodies under GitHub's limits, the batched annotations and the rate-limit rules
+depend on each other, and the other targets (``crcr``, ``hud``) are one module each too.
 """
 
 from __future__ import annotations

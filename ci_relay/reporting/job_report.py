@@ -9,6 +9,10 @@ models and caps the relay's own reporter uses (:mod:`ci_relay.reporting.wire`,
 a network error is retried, at the time ``Retry-After`` asks for when it says one.
 
 Nothing here needs the database, the queue or the command line.
+
+Over 400 lines on purpose: it is the runner-side twin of the relay's CRCR reporter (JUnit
+reading, the callback body, the send with its retry rule) and must install and run on a
+bare GitHub runner as one unit; ``ci_relay.cli.report`` is only its command line.
 """
 
 from __future__ import annotations
