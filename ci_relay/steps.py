@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult
+from sqlalchemy import CursorResult, or_, update
 from sqlalchemy.orm import Session
 
-from ci_relay.store.models import Delivery
+from ci_relay.store.models import Delivery, utcnow
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,31 @@ def claim_rows(session: Session, statement: Any) -> int:
     """Rows a conditional UPDATE changed: 1 means this worker claimed the row."""
     result = cast(CursorResult[Any], session.execute(statement))
     return result.rowcount
+
+
+def claim_pending_or_stale(
+    session: Session,
+    model: Any,
+    pk: int,
+    pending: Any,
+    working: Any,
+    stale_after: timedelta,
+    **values: Any,
+) -> bool:
+    """Move row ``pk`` of ``model`` to ``working`` when it is ``pending``, or ``working`` but
+    not touched for ``stale_after`` (its worker died); True when this caller won it."""
+    statement = (
+        update(model)
+        .where(model.id == pk)
+        .where(
+            or_(
+                model.state == pending,
+                (model.state == working) & (model.updated_at < utcnow() - stale_after),
+            )
+        )
+        .values(state=working, updated_at=utcnow(), **values)
+    )
+    return claim_rows(session, statement) == 1
 
 
 def delivery_event(delivery: Delivery) -> tuple[str, dict[str, Any]]:

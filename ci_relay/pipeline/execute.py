@@ -8,8 +8,6 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import or_, update
-
 from ci_relay.checkouts import CheckoutError, upstream_mirror
 from ci_relay.context import RelayContext
 from ci_relay.execution.choice import shard_runtime
@@ -17,7 +15,7 @@ from ci_relay.execution.devices import claim_device
 from ci_relay.execution.outcomes import BAD_OUTCOMES
 from ci_relay.execution.runtimes import Limits, RuntimeUnavailable
 from ci_relay.execution.shard import ShardRequest, run_shard
-from ci_relay.steps import Next, claim_rows
+from ci_relay.steps import Next, claim_pending_or_stale
 from ci_relay.store.models import (
     Shard,
     ShardState,
@@ -35,23 +33,15 @@ SHARD_TIMEOUT_SECONDS = 3600
 def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> list[Next]:
     """Run one shard's tests through the configured runtime and store every result."""
     with rt.db.session() as session:
-        claimed = claim_rows(
+        claimed = claim_pending_or_stale(
             session,
-            update(Shard)
-            .where(Shard.id == shard_id)
-            .where(
-                or_(
-                    Shard.state == ShardState.PENDING,
-                    (Shard.state == ShardState.RUNNING)
-                    & (Shard.updated_at < utcnow() - stale_after),
-                )
-            )
-            .values(
-                state=ShardState.RUNNING,
-                attempts=Shard.attempts + 1,
-                started_at=utcnow(),
-                updated_at=utcnow(),
-            ),
+            Shard,
+            shard_id,
+            ShardState.PENDING,
+            ShardState.RUNNING,
+            stale_after,
+            attempts=Shard.attempts + 1,
+            started_at=utcnow(),
         )
         if not claimed:
             return []

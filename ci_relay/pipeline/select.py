@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import select
 
 from ci_relay.checkouts import CheckoutError, upstream_mirror
 from ci_relay.context import RelayContext
 from ci_relay.reporting.outbox import enqueue_reports
-from ci_relay.steps import Next, claim_rows, report_steps
+from ci_relay.steps import Next, claim_pending_or_stale, report_steps
 from ci_relay.store.models import (
     Change,
     Run,
@@ -36,17 +36,8 @@ log = logging.getLogger("ci_relay.pipeline")
 def select_tests(rt: RelayContext, run_id: int, stale_after: timedelta) -> list[Next]:
     """Run the four-stage selector for a run's change and store its plan and shards."""
     with rt.db.session() as session:
-        claimed = claim_rows(
-            session,
-            update(Run)
-            .where(Run.id == run_id)
-            .where(
-                or_(
-                    Run.state == RunState.PENDING,
-                    (Run.state == RunState.SELECTING) & (Run.updated_at < utcnow() - stale_after),
-                )
-            )
-            .values(state=RunState.SELECTING, updated_at=utcnow()),
+        claimed = claim_pending_or_stale(
+            session, Run, run_id, RunState.PENDING, RunState.SELECTING, stale_after
         )
         run = session.get(Run, run_id)
         if run is None:
