@@ -517,3 +517,31 @@ def test_each_thread_keeps_one_http_client(tmp_path: Path) -> None:
     slower = make_settings(f"sqlite:///{tmp_path / 'r.db'}", tmp_path, report_timeout_seconds=99)
     replaced = sender.thread_client(slower)
     assert replaced is not mine and mine.is_closed and replaced.timeout.read == 99
+
+
+def test_every_tasks_row_leads_back_to_its_delivery_for_the_logs(make_rt: Any) -> None:
+    """``delivery_id_of`` walks each task's row (delivery, run, shard, outbox message) back
+    to the delivery id the logs carry; an unknown row has none."""
+    from ci_relay.store.models import Delivery, Shard
+
+    callback = CallbackReceiver(CALLBACK_TOKEN)
+    with callback.running() as cb_url:
+        rt = make_rt(**report_settings(cb_url))
+        run_id = seed_run(rt)
+        with rt.db.session() as s:
+            run = s.get(Run, run_id)
+            assert run is not None
+            message_id = enqueue_reports(s, rt, run, "in_progress")[0]
+            delivery = s.scalars(select(Delivery)).one()
+            shard_id = s.scalars(select(Shard.id).where(Shard.run_id == run_id)).one()
+            expected, delivery_pk = delivery.delivery_id, delivery.id
+    rows = {
+        "process": delivery_pk,
+        "select": run_id,
+        "collect": run_id,
+        "execute": shard_id,
+        "report": message_id,
+    }
+    for task, pk in rows.items():
+        assert pipeline.delivery_id_of(rt, task, pk) == expected, task
+    assert pipeline.delivery_id_of(rt, "execute", shard_id + 1000) is None
