@@ -196,6 +196,15 @@ def make_router(
             status_code=202,
         )
 
+    too_large = f"body over {settings.max_body_bytes} bytes"
+
+    async def read_within_limit(request: Request) -> bytes | None:
+        """The body, or None when it is over the limit (counted as it streams in)."""
+        try:
+            return await read_body_at_most(request, settings.max_body_bytes)
+        except BodyTooLarge:
+            return None
+
     @router.post(
         "/webhooks/github",
         status_code=202,
@@ -229,12 +238,9 @@ def make_router(
     async def _github_webhook(request: Request) -> JSONResponse:
         started = time.perf_counter()
         event = request.headers.get("x-github-event")
-        try:
-            body = await read_body_at_most(request, settings.max_body_bytes)
-        except BodyTooLarge:
-            return await reject(
-                request, 413, f"body over {settings.max_body_bytes} bytes", event, started
-            )
+        body = await read_within_limit(request)
+        if body is None:
+            return await reject(request, 413, too_large, event, started)
         secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
         signature = request.headers.get("x-hub-signature-256")
         if secret is not None and not verify(secret, body, signature):
@@ -287,12 +293,9 @@ def make_router(
     )
     async def crcr_dispatch(request: Request) -> JSONResponse:
         started = time.perf_counter()
-        try:
-            body = await read_body_at_most(request, settings.max_body_bytes)
-        except BodyTooLarge:
-            return await reject(
-                request, 413, f"body over {settings.max_body_bytes} bytes", None, started
-            )
+        body = await read_within_limit(request)
+        if body is None:
+            return await reject(request, 413, too_large, None, started)
         token = settings.dispatch_token.get_secret_value() if settings.dispatch_token else None
         auth = request.headers.get("authorization", "")
         if token is None or not _same(auth, f"Bearer {token}"):
