@@ -9,7 +9,7 @@ from pathlib import Path
 from ci_relay.policy import Policy, load_policy
 from ci_relay.settings import Settings
 from ci_relay.store.database import Database
-from reuse_specs import BUNDLED_SPECS
+from reuse_specs.bundled import BUNDLED_SPECS
 
 
 @dataclass

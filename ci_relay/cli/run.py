@@ -38,7 +38,7 @@ from ci_relay.execution.spec_run import (
     run_pytest,
 )
 from ci_relay.sample_upstream import SampleUpstreamError, build_sample_upstream
-from reuse_specs import BUNDLED_SPECS
+from reuse_specs.bundled import BUNDLED_SPECS
 from reuse_specs.loader import LoadedSpec
 
 commands = typer.Typer()
