@@ -1,8 +1,9 @@
 """The step protocol the pipeline, intake, replay and reporting share.
 
 Intake and reporting must not import the pipeline (it imports them); what they need from it
-lives here: the task a committed step hands on (``Next``), the conditional-UPDATE claim
-(``claim_rows``) and the upstream event a stored delivery carries (``delivery_event``).
+lives here: the task a committed step hands on (``Next``, ``report_steps``), the
+conditional-UPDATE claims (``claim_rows``, ``claim_pending_or_stale``) and the upstream event
+a stored delivery carries (``delivery_event``).
 """
 
 from __future__ import annotations
