@@ -33,7 +33,10 @@ REVIEWED = {
         "bearer_token",
     ): "a job's token or Actions' OIDC variables",
     ("ci_relay/cli/report.py", "_run_url"): "GitHub Actions' GITHUB_SERVER_URL/REPOSITORY",
-    ("ci_relay/execution/runtimes.py", "shard_env"): "PATH/LANG/TZ passed to a shard (allowlist)",
+    (
+        "ci_relay/execution/runtimes/process.py",
+        "shard_env",
+    ): "PATH/LANG/TZ passed to a shard (allowlist)",
     ("test_selection/agents.py", "_embedding_model"): "writes: keeps the model library offline",
     ("test_selection/inventory.py", "default_cache_dir"): "XDG_CACHE_HOME: the platform's rule",
     ("reuse_specs/pytest_plugin.py", "pytest_configure"): "writes the backend's test variables",
