@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
+from ci_relay import pipeline
 from ci_relay.context import RelayContext
+from ci_relay.intake.signature import sign
 from ci_relay.service.app import create_app
 from ci_relay.settings import Settings
 from ci_relay.steps import Next
+from tests.gitrepo import GitRepo
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "CI_RELAY_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -96,3 +102,73 @@ def relay(database_url: str, tmp_path: Path) -> Iterator[Relay]:
     with TestClient(app) as client:
         yield Relay(rt, client, enqueued)
     rt.db.dispose()
+
+
+def upstream_context(tmp_path: Path, upstream: Path, spec: str, **extra: object) -> RelayContext:
+    """A relay on SQLite that tests ``upstream`` (one cpu L2 backend for sample/pytorch)
+    under ``spec``, every test the spec allows, no agent; its database is migrated."""
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(spec)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("repositories:\n  sample/pytorch:\n    backends:\n      cpu: {level: L2}\n")
+    rt = RelayContext(
+        Settings(
+            database_url=f"sqlite:///{tmp_path / 'relay.db'}",
+            data_dir=tmp_path / "data",
+            webhook_secret=SECRET,  # type: ignore[arg-type]
+            policy_file=policy,
+            upstream_repo=str(upstream),
+            specs=[spec_file],
+            selection_agent="none",
+            selection_budget="all",
+            **extra,  # type: ignore[arg-type]
+        )
+    )
+    rt.db.upgrade()
+    return rt
+
+
+def pull_request(repo: GitRepo, number: int, action: str = "opened") -> dict[str, Any]:
+    """A pull_request payload of sample/pytorch: HEAD of ``repo`` against its parent."""
+    return {
+        "action": action,
+        "number": number,
+        "pull_request": {
+            "number": number,
+            "head": {"sha": repo.git("rev-parse", "HEAD"), "ref": f"pr-{number}"},
+            "base": {"sha": repo.git("rev-parse", "HEAD~1"), "ref": "main"},
+            "labels": [],
+        },
+        "repository": {"full_name": "sample/pytorch"},
+    }
+
+
+def post_webhook(client: TestClient, event: str, payload: dict[str, Any]) -> None:
+    """A webhook signed with ``SECRET``, which the relay must accept."""
+    body = json.dumps(payload).encode()
+    response = client.post(
+        "/webhooks/github",
+        content=body,
+        headers={
+            "X-GitHub-Event": event,
+            "X-GitHub-Delivery": str(uuid.uuid4()),
+            "X-Hub-Signature-256": sign(SECRET, body),
+        },
+    )
+    assert response.status_code == 202, response.text
+
+
+def drain(rt: RelayContext, steps: list[Next]) -> None:
+    """Run every queued pipeline step in this process, as a worker would (reports are left
+    in the outbox)."""
+    stale = timedelta(hours=1)
+    while steps:
+        step = steps.pop(0)
+        if step.task == "process":
+            steps += pipeline.process_delivery(rt, step.arg)
+        elif step.task == "select":
+            steps += pipeline.select_tests(rt, step.arg, stale)
+        elif step.task == "execute":
+            steps += pipeline.execute_shard(rt, step.arg, stale)
+        elif step.task == "collect":
+            steps += pipeline.collect(rt, step.arg)

@@ -11,26 +11,21 @@ from __future__ import annotations
 
 import json
 import shutil
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from ci_relay import pipeline
 from ci_relay.context import RelayContext
-from ci_relay.intake.signature import sign
 from ci_relay.reporting.build import load_facts, render_callback
 from ci_relay.service.app import create_app
-from ci_relay.settings import Settings
 from ci_relay.steps import Next
 from ci_relay.store.models import OutboxMessage, Run, Shard, TestResult
 from tests.gitrepo import GitRepo
-from tests.relay_fixtures import SECRET
+from tests.relay_fixtures import drain, post_webhook, pull_request, upstream_context
 
 pytestmark = pytest.mark.slow
 
@@ -61,49 +56,11 @@ class World:
     steps: list[Next]
 
     def send_pr(self) -> None:
-        base = self.repo.git("rev-parse", "HEAD~1")
-        head = self.repo.git("rev-parse", "HEAD")
-        repo = {"full_name": "sample/pytorch"}
-        payload = {
-            "action": "opened",
-            "number": 3,
-            "pull_request": {
-                "number": 3,
-                "head": {"sha": head, "ref": "pr-3"},
-                "base": {"sha": base, "ref": "main"},
-                "labels": [],
-            },
-            "repository": repo,
-        }
-        self.send("pull_request", payload)
-
-    def send(self, event: str, payload: dict[str, object]) -> None:
-        """A signed webhook, accepted."""
-        body = json.dumps(payload).encode()
-        response = self.client.post(
-            "/webhooks/github",
-            content=body,
-            headers={
-                "X-GitHub-Event": event,
-                "X-GitHub-Delivery": str(uuid.uuid4()),
-                "X-Hub-Signature-256": sign(SECRET, body),
-            },
-        )
-        assert response.status_code == 202, response.text
+        post_webhook(self.client, "pull_request", pull_request(self.repo, 3))
 
     def drain(self) -> None:
         """Run every queued step in this process, as a worker would."""
-        stale = timedelta(hours=1)
-        while self.steps:
-            step = self.steps.pop(0)
-            if step.task == "process":
-                self.steps += pipeline.process_delivery(self.rt, step.arg)
-            elif step.task == "select":
-                self.steps += pipeline.select_tests(self.rt, step.arg, stale)
-            elif step.task == "execute":
-                self.steps += pipeline.execute_shard(self.rt, step.arg, stale)
-            elif step.task == "collect":
-                self.steps += pipeline.collect(self.rt, step.arg)
+        drain(self.rt, self.steps)
 
 
 @pytest.fixture
@@ -126,26 +83,14 @@ def _world(tmp_path: Path, **settings: object) -> Iterator[World]:
         "a hostile test",
         {"test/test_hostile.py": _hostile_test(marker), "torch/ok.py": "x = 2\n"},
     )
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC)
-    policy = tmp_path / "policy.yaml"
-    policy.write_text("repositories:\n  sample/pytorch:\n    backends:\n      cpu: {level: L2}\n")
-    rt = RelayContext(
-        Settings(
-            database_url=f"sqlite:///{tmp_path / 'relay.db'}",
-            data_dir=tmp_path / "data",
-            webhook_secret=SECRET,  # type: ignore[arg-type]
-            policy_file=policy,
-            upstream_repo=str(repo.path),
-            specs=[spec],
-            selection_agent="none",
-            selection_budget="all",
-            docker_host="unix:///nonexistent/ci-relay-test.sock",
-            crcr_callback_url="http://127.0.0.1:9/crcr",
-            **settings,  # type: ignore[arg-type]
-        )
+    rt = upstream_context(
+        tmp_path,
+        repo.path,
+        SPEC,
+        docker_host="unix:///nonexistent/ci-relay-test.sock",
+        crcr_callback_url="http://127.0.0.1:9/crcr",
+        **settings,
     )
-    rt.db.upgrade()
     steps: list[Next] = []
     with TestClient(create_app(rt, steps.extend)) as client:
         yield World(rt, client, repo, marker, steps)
@@ -229,7 +174,7 @@ def test_a_commit_that_does_not_exist_ends_the_run_with_a_clear_error(world: Wor
         "after": head,
         "repository": {"full_name": "sample/pytorch"},
     }
-    world.send("push", payload)
+    post_webhook(world.client, "push", payload)
     world.drain()
     with world.rt.db.session() as s:
         run = s.scalars(select(Run)).one()

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import json
-import uuid
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from ci_relay import pipeline
-from ci_relay.context import RelayContext
-from ci_relay.intake.signature import sign
 from ci_relay.service.app import create_app
-from ci_relay.settings import Settings
 from ci_relay.steps import Next
 from ci_relay.store.models import Run, Selection
 from test_selection.observations import Observation, learn
 from test_selection.types import TestId
 from tests.gitrepo import GitRepo
-from tests.relay_fixtures import SECRET
+from tests.relay_fixtures import drain, post_webhook, pull_request, upstream_context
 
 pytestmark = pytest.mark.slow
 
@@ -48,79 +41,24 @@ def test_quick():
 """
 
 
-def _pr(client: TestClient, repo: GitRepo, number: int) -> None:
-    payload = {
-        "action": "synchronize",
-        "number": number,
-        "pull_request": {
-            "number": number,
-            "head": {"sha": repo.git("rev-parse", "HEAD"), "ref": f"pr-{number}"},
-            "base": {"sha": repo.git("rev-parse", "HEAD~1"), "ref": "main"},
-            "labels": [],
-        },
-        "repository": {"full_name": "sample/pytorch"},
-    }
-    body = json.dumps(payload).encode()
-    response = client.post(
-        "/webhooks/github",
-        content=body,
-        headers={
-            "X-GitHub-Event": "pull_request",
-            "X-GitHub-Delivery": str(uuid.uuid4()),
-            "X-Hub-Signature-256": sign(SECRET, body),
-        },
-    )
-    assert response.status_code == 202, response.text
-
-
-def _drain(rt: RelayContext, steps: list[Next]) -> None:
-    stale = timedelta(hours=1)
-    while steps:
-        step = steps.pop(0)
-        if step.task == "process":
-            steps += pipeline.process_delivery(rt, step.arg)
-        elif step.task == "select":
-            steps += pipeline.select_tests(rt, step.arg, stale)
-        elif step.task == "execute":
-            steps += pipeline.execute_shard(rt, step.arg, stale)
-        elif step.task == "collect":
-            steps += pipeline.collect(rt, step.arg)
-
-
 def test_the_next_plan_uses_learned_durations_and_failures(tmp_path: Path) -> None:
     repo = GitRepo(tmp_path / "upstream")
     repo.commit("base", {"test/test_ops.py": TESTS.format(value=1), "torch/ops.py": "x = 1\n"})
     repo.commit("breaks a test", {"test/test_ops.py": TESTS.format(value=2)})
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC)
-    policy = tmp_path / "policy.yaml"
-    policy.write_text("repositories:\n  sample/pytorch:\n    backends:\n      cpu: {level: L2}\n")
-    rt = RelayContext(
-        Settings(
-            database_url=f"sqlite:///{tmp_path / 'relay.db'}",
-            data_dir=tmp_path / "data",
-            webhook_secret=SECRET,  # type: ignore[arg-type]
-            policy_file=policy,
-            upstream_repo=str(repo.path),
-            specs=[spec],
-            selection_agent="none",
-            selection_budget="all",
-            runtime="local",  # the test's own upstream: a person's choice, as the settings say
-        )
-    )
-    rt.db.upgrade()
+    # the test's own upstream: running it unisolated is a person's choice, as the settings say
+    rt = upstream_context(tmp_path, repo.path, SPEC, runtime="local")
     steps: list[Next] = []
     with TestClient(create_app(rt, steps.extend)) as client:
-        _pr(client, repo, 1)
-        _drain(rt, steps)
+        post_webhook(client, "pull_request", pull_request(repo, 1, "synchronize"))
+        drain(rt, steps)
         with rt.db.session() as s:
             first = s.scalars(select(Run)).one()
             assert first.conclusion == "failure" and first.counts.get("failed") == 1
             plan = s.scalars(select(Selection).where(Selection.run_id == first.id)).one().plan
             assert {t["duration"] for t in plan["selected"]} == {1.0}  # nothing learned yet
         repo.commit("touches the source", {"torch/ops.py": "x = 2\n"})
-        _pr(client, repo, 2)
-        _drain(rt, steps)
+        post_webhook(client, "pull_request", pull_request(repo, 2, "synchronize"))
+        drain(rt, steps)
         with rt.db.session() as s:
             second = s.scalars(select(Run).order_by(Run.id.desc())).first()
             assert second is not None and second.id != first.id
