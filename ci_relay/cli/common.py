@@ -118,19 +118,6 @@ def _policy_backends() -> list[str]:
     return sorted({b for repo in policy.repositories.values() for b in repo.backends})
 
 
-def _say_demo_runtimes(backends: tuple[str, ...]) -> None:
-    """Where the demo's shards will run, and why not in a container when they cannot."""
-    from ci_relay.execution.choice import shard_runtime
-
-    # the demo's relay runs with CI_RELAY_RUNTIME=auto as a local demo: a machine without
-    # Podman or bubblewrap runs the sample's tests unisolated, and the run page says so
-    settings = _settings(runtime="auto", local_demo=True)
-    for backend in backends:
-        runtime = shard_runtime(settings, backend, say=lambda msg: err.print(f"[yellow]{msg}[/]"))
-        where = "local (NOT isolated)" if runtime.name == "local" else runtime.name
-        out.print(f"{backend} shards run in: {where}")
-
-
 def _settings(**overrides: object) -> Settings:
     from pydantic import ValidationError
 

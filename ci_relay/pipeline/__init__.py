@@ -8,15 +8,13 @@ call these and enqueue the :class:`ci_relay.steps.Next` they return.
 """
 
 from ci_relay.pipeline.collect import collect
-from ci_relay.pipeline.execute import SHARD_TIMEOUT_SECONDS, execute_shard
+from ci_relay.pipeline.execute import execute_shard
 from ci_relay.pipeline.process import process_delivery
 from ci_relay.pipeline.reconcile import reconcile
-from ci_relay.pipeline.select import LEARN_FROM_RUNS, past_observations, select_tests
+from ci_relay.pipeline.select import past_observations, select_tests
 from ci_relay.pipeline.trace import delivery_id_of
 
 __all__ = [
-    "LEARN_FROM_RUNS",
-    "SHARD_TIMEOUT_SECONDS",
     "collect",
     "delivery_id_of",
     "execute_shard",
