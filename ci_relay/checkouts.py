@@ -2,8 +2,8 @@
 incrementally, and throwaway trees materialised from it.
 
 Several workers on one machine share a mirror; every operation that changes it (clone,
-fetch, worktree add/remove) holds an exclusive ``flock`` on a file beside it, so they never
-race. The lock is released by the kernel if a worker dies.
+fetch, worktree add/remove) holds an exclusive file lock (``filelock``) on a file beside
+it, so they never race. The lock is released by the kernel if a worker dies.
 
 Commit ids reach here from webhooks: each is checked to be a full hex commit id before git
 sees it, and git gets it after ``--end-of-options`` without a shell, so even a value that
@@ -12,7 +12,6 @@ slipped past intake can never become a git option (``--upload-pack=...`` runs a 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import re
 import shutil
@@ -23,6 +22,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from filelock import FileLock
 
 from ci_relay.identifiers import InvalidIdentifier, commit_id
 
@@ -72,12 +73,8 @@ class UpstreamMirror:
     @contextmanager
     def _locked(self) -> Iterator[None]:
         self._lock_path.parent.mkdir(parents=True, exist_ok=True)
-        with self._lock_path.open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        with FileLock(self._lock_path):
+            yield
 
     def _has_commit(self, sha: str) -> bool:
         try:

@@ -1,4 +1,4 @@
-"""One process per device: an exclusive ``flock`` on a lock file per card.
+"""One process per device: an exclusive file lock (``filelock``, an ``flock``) per card.
 
 A Spyre card is owned by one process at a time, so parallel pytest processes
 on one card must fail loudly instead of interleaving. ``flock`` is released by
@@ -14,16 +14,17 @@ parent's device context.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import tempfile
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from spyre_emu.errors import DeviceBusyError
 
 LOCK_DIR_ENV = "SPYRE_EMU_LOCK_DIR"
 
-_held: dict[int, tuple[int, Path]] = {}
+_held: dict[int, tuple[FileLock, Path]] = {}
 
 
 def lock_dir() -> Path:
@@ -43,10 +44,17 @@ def lock_path(index: int) -> Path:
     return lock_dir() / f"spyre{index}.lock"
 
 
-def _holder(fd: int) -> str:
-    os.lseek(fd, 0, os.SEEK_SET)
-    text = os.read(fd, 64).decode("ascii", "replace").strip()
+def _holder(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="ascii", errors="replace").strip()
+    except OSError:
+        text = ""
     return f"pid {text}" if text.isdigit() else "a process whose pid is not yet recorded"
+
+
+def _record_pid(fd: int) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
 
 
 def acquire(index: int) -> Path:
@@ -56,23 +64,17 @@ def acquire(index: int) -> Path:
         return held[1]
     path = lock_path(index)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    # not thread-local: the card belongs to the process, whichever thread touched it first
+    lock = FileLock(path, timeout=0, mode=0o666, thread_local=False, on_acquired=_record_pid)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _holder(fd)
-        os.close(fd)
+        lock.acquire()
+    except Timeout:
         raise DeviceBusyError(
-            f"spyre:{index} is in use by {holder} (lock file {path}); the emulated Spyre "
+            f"spyre:{index} is in use by {_holder(path)} (lock file {path}); the emulated Spyre "
             f"device, like the card, serves one process at a time. Set {LOCK_DIR_ENV} to a "
             "different folder to give this process its own emulated card."
         ) from None
-    except BaseException:
-        os.close(fd)
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
-    _held[index] = (fd, path)
+    _held[index] = (lock, path)
     return path
 
 

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +22,17 @@ from typing import Any, Protocol
 
 import httpx
 from pydantic import BaseModel, Field, ValidationError
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from test_selection.change_analysis import ChangeAnalysis
 from test_selection.inventory import Inventory
 from test_selection.types import Evidence, Scored, TestId
 
 log = logging.getLogger("test_selection.agents")
+
+# what a failed call to the model looks like: the network, an HTTP error, or an answer that is
+# not the JSON we asked for; each is retried, then the agent falls back to the local ranking
+_ANSWER_FAILURES = (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError, ValidationError)
 STAGE = "agent"
 EMBEDDINGS_FORMAT = 2  # 2: one store keyed by text digest (1 was one file per tree)
 
@@ -239,27 +243,32 @@ class LLMAgent:
                 {"role": "user", "content": prompt},
             ],
         }
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            try:
-                response = httpx.post(
-                    f"{self.url}/chat/completions", json=body, headers=headers, timeout=self.timeout
-                )
-                response.raise_for_status()
-                content = response.json()["choices"][0]["message"]["content"]
-                return _Answer.model_validate(json.loads(content))
-            except (
-                httpx.HTTPError,
-                KeyError,
-                IndexError,
-                TypeError,
-                ValueError,
-                ValidationError,
-            ) as exc:
-                last = exc
-                log.warning("llm agent attempt %d failed: %s", attempt + 1, exc)
-                time.sleep(min(2.0, 0.2 * 2**attempt))
-        raise RuntimeError(f"{type(last).__name__}: {str(last)[:200]}")
+        attempts = Retrying(
+            retry=retry_if_exception_type(_ANSWER_FAILURES),
+            stop=stop_after_attempt(self.retries + 1),
+            wait=wait_exponential(multiplier=0.2, max=2.0),
+            before_sleep=lambda state: log.warning(
+                "llm agent attempt %d failed: %s",
+                state.attempt_number,
+                state.outcome.exception() if state.outcome else "?",
+            ),
+            reraise=True,
+        )
+        try:
+            for attempt in attempts:
+                with attempt:
+                    response = httpx.post(
+                        f"{self.url}/chat/completions",
+                        json=body,
+                        headers=headers,
+                        timeout=self.timeout,
+                    )
+                    response.raise_for_status()
+                    content = response.json()["choices"][0]["message"]["content"]
+                    return _Answer.model_validate(json.loads(content))
+        except _ANSWER_FAILURES as exc:
+            raise RuntimeError(f"{type(exc).__name__}: {str(exc)[:200]}") from None
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def review(
         self, change: ChangeAnalysis, scored: dict[TestId, Scored], inventory: Inventory

@@ -1,8 +1,9 @@
 """Device ownership: no more shard processes on a card than its backend allows.
 
 A backend declares ``processes_per_device`` (Spyre: one process owns a card). Every worker on
-a machine claims a slot by taking an exclusive ``flock`` on one of ``devices x
-processes_per_device`` files in a shared folder and holds it while the shard runs. The kernel
+a machine claims a slot by taking an exclusive file lock (``filelock``: an ``flock``) on one
+of ``devices x processes_per_device`` files in a shared folder and holds it while the shard
+runs. The kernel
 drops the lock when the worker dies, so a killed worker never leaves a card claimed. Queue
 concurrency alone cannot give this: two worker processes, each with concurrency 1, would
 still share the card.
@@ -10,14 +11,14 @@ still share the card.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+
+from filelock import FileLock, Timeout
 
 
 class DeviceBusy(TimeoutError):
@@ -36,18 +37,19 @@ class DeviceClaim:
         return {} if self.device is None else {"CI_RELAY_DEVICE_INDEX": str(self.device)}
 
 
-def _try_lock(path: Path) -> IO[str] | None:
-    handle = path.open("a+")
+def _record_pid(fd: int) -> None:
+    """Write the holder's pid into the slot file (read back only for the waiting message)."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+
+
+def _try_lock(path: Path) -> FileLock | None:
+    lock = FileLock(path, timeout=0, on_acquired=_record_pid)
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
+        lock.acquire()
+    except Timeout:
         return None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
-    return handle
+    return lock
 
 
 @contextmanager
@@ -77,13 +79,13 @@ def claim_device(
     while True:
         for device, slot in slots:
             path = lock_dir / f"{backend}-{device}.{slot}.lock"
-            handle = _try_lock(path)
-            if handle is None:
+            lock = _try_lock(path)
+            if lock is None:
                 continue
             try:
                 yield DeviceClaim(device, slot)
             finally:
-                handle.close()  # closing the descriptor releases the flock
+                lock.release()
             return
         if not told and on_wait is not None:
             holders = ", ".join(

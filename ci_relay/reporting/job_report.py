@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 from pydantic import ValidationError
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 
 from ci_relay.reporting import caps
 from ci_relay.reporting.caps import Budget, ReportTooLarge, fit
@@ -411,33 +412,51 @@ def send(
     note: Callable[[str], None] = lambda _line: None,
 ) -> httpx.Response:
     """One request, retried on 5xx/408/429/network errors; ``SendFailed`` when it never works."""
+
+    def wait(state: RetryCallState) -> float:
+        # doubling backoff, unless the answer said when (Retry-After); never past max_wait
+        seconds = policy.backoff * 2.0 ** (state.attempt_number - 1)
+        failure = state.outcome.exception() if state.outcome else None
+        if isinstance(failure, RetryLater) and failure.until is not None:
+            seconds = (failure.until - datetime.now(UTC)).total_seconds()
+        return min(max(seconds, 0.0), policy.max_wait)
+
+    def tell(state: RetryCallState) -> None:
+        failure = state.outcome.exception() if state.outcome else None
+        reason = failure.reason if isinstance(failure, RetryLater) else str(failure)
+        pause = state.next_action.sleep if state.next_action else 0.0
+        note(f"attempt {state.attempt_number} failed ({reason}); retrying in {pause:.1f}s")
+
     own = client is None
     http = client or httpx.Client(timeout=policy.timeout)
+    attempts = Retrying(
+        retry=retry_if_exception_type(RetryLater),
+        stop=stop_after_attempt(policy.attempts),
+        wait=wait,
+        sleep=sleep,
+        before_sleep=tell,
+        reraise=True,
+    )
     try:
-        for attempt in range(1, policy.attempts + 1):
-            try:
-                response = request(http, method, url, content=content, headers=headers)
-                check(response, datetime.now(UTC))
-                return response
-            except Rejected as exc:
-                raise SendFailed(exc.reason, refused=True, attempts=attempt) from None
-            except RetryLater as exc:
-                if attempt == policy.attempts:
-                    raise SendFailed(
-                        f"gave up after {attempt} attempts: {exc.reason}",
-                        refused=False,
-                        attempts=attempt,
-                    ) from None
-                wait = policy.backoff * 2 ** (attempt - 1)
-                if exc.until is not None:
-                    wait = (exc.until - datetime.now(UTC)).total_seconds()
-                wait = min(max(wait, 0.0), policy.max_wait)
-                note(f"attempt {attempt} failed ({exc.reason}); retrying in {wait:.1f}s")
-                sleep(wait)
-        raise AssertionError("unreachable")  # the loop returns or raises
+        for attempt in attempts:
+            with attempt:
+                try:
+                    response = request(http, method, url, content=content, headers=headers)
+                    check(response, datetime.now(UTC))
+                    return response
+                except Rejected as exc:
+                    number = attempt.retry_state.attempt_number
+                    raise SendFailed(exc.reason, refused=True, attempts=number) from None
+    except RetryLater as exc:
+        raise SendFailed(
+            f"gave up after {policy.attempts} attempts: {exc.reason}",
+            refused=False,
+            attempts=policy.attempts,
+        ) from None
     finally:
         if own:
             http.close()
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 def bearer_token(
