@@ -10,6 +10,7 @@ from pathlib import Path
 from reuse_specs.loader import LoadedSpec, load_specs
 from reuse_specs.matching import TestVariant, decide
 from reuse_specs.modes import Mode
+from reuse_specs.upstream_check import find_drift
 from test_selection.agents import Agent, NoAgent, Review
 from test_selection.candidates import Context, Heuristic, collect_evidence, default_heuristics
 from test_selection.change_analysis import ChangeAnalysis, analyze
@@ -173,6 +174,7 @@ def select(
         )
     lap("inventory")
     spec = load_specs(specs, upstream) if specs else None
+    drift = find_drift(spec) if spec is not None else []
     universe, modes, notes = spec_universe(inventory, spec, upstream.resolve() if specs else None)
     if not universe:
         raise EmptyUniverse(
@@ -249,5 +251,6 @@ def select(
         notes=[*notes, *review.notes, *plan_notes, *change.parse_errors],
         timings=timings,
         patterns=list(layout.patterns),
+        spec_drift=[d.to_json() for d in drift],
     )
     return plan, change

@@ -155,6 +155,9 @@ class TestPlan:
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
     patterns: list[str] = field(default_factory=list)  # the test-file globs used
+    # what the specs list that this revision lacks (reuse_specs' SpecDrift.to_json): the run
+    # goes on without it, and the run page and reports say so
+    spec_drift: list[dict[str, Any]] = field(default_factory=list)
 
     def shares(self) -> dict[str, float]:
         """What part of the universe the plan takes: tests, test files, estimated seconds."""
@@ -186,4 +189,5 @@ class TestPlan:
             "shards": self.shards,
             "change": self.change,
             "notes": self.notes,
+            "spec_drift": self.spec_drift,
         }

@@ -113,7 +113,12 @@ def test_check_rejects_bad_input_with_location(
     assert not (tmp_path / "pwned").exists()
 
 
-@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+# what upstream can take away (a file, every file a glob matched) is drift for `run`, not bad
+# input: `specs check` refuses it (above), `run` says so and runs what is left
+DRIFT = {"missing file", "glob matching nothing"}
+
+
+@pytest.mark.parametrize("case", sorted(set(BAD_INPUTS) - DRIFT))
 def test_run_refuses_bad_input_and_runs_nothing(
     case: str, cli: Callable[..., CliResult], tmp_path: Path, marker_upstream: Path
 ) -> None:
@@ -126,6 +131,86 @@ def test_run_refuses_bad_input_and_runs_nothing(
     assert "nothing was run" in result.stderr
     assert not junit.exists()
     assert not (marker_upstream / "test" / "ran.marker").exists()
+
+
+@pytest.mark.parametrize("case", sorted(DRIFT))
+def test_run_of_a_spec_whose_only_file_vanished_runs_nothing_and_says_why(
+    case: str, cli: Callable[..., CliResult], tmp_path: Path, marker_upstream: Path
+) -> None:
+    content, _where, message = BAD_INPUTS[case]
+    spec = _write(tmp_path, content)
+    result = cli("run", "--spec", spec, "--upstream", marker_upstream)
+    assert result.code == 4, result.output  # nothing selected, not bad input
+    assert "spec drift: 1 listed name(s) or path(s)" in result.stderr
+    assert message in result.stderr
+    assert "none of the files the spec lists exists at this upstream revision" in result.stderr
+    assert not (marker_upstream / "test" / "ran.marker").exists()
+
+
+DRIFTING_UPSTREAM = {
+    "test/test_m.py": MARKER_TEST
+    + """
+
+class TestShapes:
+    def test_reshape_alias(self):
+        pass
+
+    def test_flatten(self):
+        pass
+
+
+class TestMoved:
+    def test_squeeze(self):
+        pass
+""",
+    "test/test_views_renamed.py": "def test_nothing_here():\n    pass\n",
+}
+
+DRIFTING_SPEC = """
+test_suite_config:
+  files:
+    # the marker file is still here; two of its listed names are not
+    - path: ${TORCH_ROOT}/test/test_m.py
+      tests:
+        - names: [test_writes_marker]
+        - names: [TestShapes::test_reshape_alias_copy]  # renamed upstream
+        - names: [TestShapes::test_squeeze]  # moved to another class
+    - path: ${TORCH_ROOT}/test/test_views_renamd.py  # the file moved
+      tests:
+        - names: [test_nothing_here]
+"""
+
+
+def test_spec_drift_never_blocks_a_run(
+    cli: Callable[..., CliResult],
+    write_spec: Callable[..., Path],
+    tiny_upstream: Callable[[dict[str, str]], Path],
+) -> None:
+    """Names, paths that vanished upstream: reported with their likely new name, the rest
+    runs; `specs check --upstream` stays strict about the same spec."""
+    upstream = tiny_upstream(DRIFTING_UPSTREAM)
+    spec = write_spec(DRIFTING_SPEC)
+    result = cli("run", "--spec", spec, "--upstream", upstream)
+    assert result.code == 0, result.output
+    assert (upstream / "test" / "ran.marker").read_text() == "ran"
+    summary = result.stdout[result.stdout.index("results by spec mode") :]
+    assert "spec drift: 3 listed name(s) or path(s) not in this upstream revision" in summary
+    assert (
+        f"{spec}:7:19: 'TestShapes::test_reshape_alias_copy' is not a test in "
+        f"{upstream / 'test' / 'test_m.py'}; likely renamed to 'TestShapes::test_reshape_alias'"
+    ) in summary
+    assert "'TestShapes::test_squeeze' is not a test" in summary
+    assert "likely renamed to 'TestMoved::test_squeeze'" in summary
+    assert (
+        "no such file: ${TORCH_ROOT}/test/test_views_renamd.py; likely renamed to "
+        "'${TORCH_ROOT}/test/test_views_renamed.py'"
+    ) in summary
+
+    strict = cli("specs", "check", spec, "--upstream", upstream)
+    assert strict.code == 1, strict.output
+    errors = [line for line in strict.stdout.splitlines() if ": error: " in line]
+    assert len(errors) == 3, strict.output
+    assert "likely renamed to 'TestShapes::test_reshape_alias'" in errors[0]
 
 
 def test_control_a_valid_spec_does_run_the_marker_test(

@@ -10,13 +10,11 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from ci_relay.execution.spec_run import (
-    EXIT_BAD_INPUT,
-)
+from ci_relay.execution.spec_run import EXIT_BAD_INPUT, EXIT_NOTHING_SELECTED
 from reuse_specs.backends import BACKENDS, Backend, UnknownBackend, get_backend
 from reuse_specs.errors import SpecErrors
 from reuse_specs.loader import LoadedSpec, load_specs
-from reuse_specs.upstream_check import check_against_upstream
+from reuse_specs.upstream_check import SpecDrift, find_drift
 
 if TYPE_CHECKING:
     from ci_relay.settings import Settings
@@ -81,18 +79,38 @@ def _upstream_dir(upstream: Path | None) -> Path:
 
 def _load_for_run(
     specs: list[Path], upstream: Path | None, backend: str
-) -> tuple[LoadedSpec, Backend, Path]:
+) -> tuple[LoadedSpec, Backend, Path, list[SpecDrift]]:
+    """The specs against the tree, the backend profile, the tree, and the spec's drift: what
+    it lists that this revision lacks is reported, and everything else still runs."""
     root = _upstream_dir(upstream)
     try:
         profile = get_backend(backend)
         loaded = load_specs(_spec_files(specs), root, profile.name)
-        check_against_upstream(loaded)
+        drift = find_drift(loaded)
     except UnknownBackend as exc:
         raise _fail(str(exc)) from None
     except SpecErrors as exc:
         _report_spec_errors(exc)
         raise _fail(f"{len(exc.errors)} error(s) in the spec; nothing was run") from None
-    return loaded, profile, root
+    _print_drift(drift, err)
+    if not loaded.test_files():
+        raise _fail(
+            "none of the files the spec lists exists at this upstream revision; nothing was run",
+            EXIT_NOTHING_SELECTED,
+        )
+    return loaded, profile, root, drift
+
+
+def _print_drift(drift: list[SpecDrift], console: Console) -> None:
+    """The spec's drift as warnings: one line each, with the likely rename."""
+    if not drift:
+        return
+    console.print(
+        f"[yellow]spec drift:[/] {len(drift)} listed name(s) or path(s) not in this upstream "
+        "revision; the rest runs (`ci-relay specs check --upstream` lists them as errors)"
+    )
+    for item in drift:
+        console.print(f"  {item}", markup=False, soft_wrap=True)
 
 
 def _check_backend(profile: Backend) -> None:

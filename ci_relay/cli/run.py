@@ -24,6 +24,7 @@ from ci_relay.cli.common import (
     _check_backend,
     _fail,
     _load_for_run,
+    _print_drift,
     _relative,
     _settings,
     _spec_files,
@@ -40,6 +41,7 @@ from ci_relay.execution.spec_run import (
 from ci_relay.sample_upstream import SampleUpstreamError, build_sample_upstream
 from reuse_specs.bundled import BUNDLED_SPECS
 from reuse_specs.loader import LoadedSpec
+from reuse_specs.upstream_check import SpecDrift
 
 commands = typer.Typer()
 
@@ -54,7 +56,7 @@ _SHORT = {
 }
 
 
-def _summary(result: RunResult) -> None:
+def _summary(result: RunResult, drift: list[SpecDrift]) -> None:
     counts = result.counts
     modes = sorted({o.mode or "-" for o in result.outcomes})
     table = Table(
@@ -78,6 +80,7 @@ def _summary(result: RunResult) -> None:
         )
     for collect_error in result.collection_errors:
         out.print(f"[red]COLLECTION ERROR[/] {collect_error}", soft_wrap=True)
+    _print_drift(drift, out)
 
 
 def run_specs(
@@ -90,7 +93,7 @@ def run_specs(
     extra: list[str] | None = None,
 ) -> RunResult:
     """Validate, run with progress, print the summary; the body of ``ci-relay run``."""
-    loaded, profile, root = _load_for_run(specs, upstream, backend)
+    loaded, profile, root, drift = _load_for_run(specs, upstream, backend)
     _check_backend(profile)
     spec_files = _spec_files(specs)
     if junit is not None:
@@ -136,7 +139,7 @@ def run_specs(
             on_outcome,
         )
     result.junit = junit
-    _summary(result)
+    _summary(result, drift)
     if junit is not None:
         out.print(f"JUnit XML: {junit}")
     return result
@@ -227,7 +230,7 @@ def _run_isolated(
     from ci_relay.execution.runtimes import Limits, RuntimeUnavailable, get_runtime
     from ci_relay.execution.shard import ShardRequest, run_shard
 
-    loaded, profile, root = _load_for_run(specs, upstream, backend)
+    loaded, profile, root, drift = _load_for_run(specs, upstream, backend)
     try:
         runtime = get_runtime(runtime_name, profile.name, options=runtime_options(_settings()))
     except RuntimeUnavailable as exc:
@@ -255,7 +258,7 @@ def _run_isolated(
     result = RunResult(outcomes=list(report.results.values()))
     if report.error:
         result.collection_errors.append(report.error + "\n" + "\n".join(report.log[-1:]))
-    _summary(result)
+    _summary(result, drift)
     flaky = [r.nodeid for r in report.results.values() if r.flaky]
     for nodeid in flaky:
         out.print(f"[yellow]FLAKY[/] {nodeid}", soft_wrap=True)

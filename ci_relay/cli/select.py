@@ -185,6 +185,13 @@ def register(app: typer.Typer) -> None:
         )
         for note in plan.notes:
             out.print(f"note: {note}", markup=False, soft_wrap=True)
+        for item in plan.spec_drift:
+            hint = f"; likely renamed to {item['likely']!r}" if item["likely"] else ""
+            out.print(
+                f"spec drift: {item['file']}:{item['line']}: {item['message']}{hint}",
+                markup=False,
+                soft_wrap=True,
+            )
 
     @app.command("select-eval")
     def select_eval_command(

@@ -80,7 +80,7 @@ def specs_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List every test variant the spec covers, with its mode and why (collects, runs nothing)."""
-    loaded, profile, root = _load_for_run(specs, upstream, backend)
+    loaded, profile, root, _drift = _load_for_run(specs, upstream, backend)
     _check_backend(profile)
     spec_files = _spec_files(specs)
     with err.status("collecting upstream tests…"):

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ci_relay.dashboard.views import (
+    DriftView,
     EvidenceItem,
     Pager,
     PlannedTestView,
@@ -104,7 +105,25 @@ def explain(
         excluded_pager=excluded_pager,
         timings=_numbers(plan.get("timings")),
         shares=_numbers(plan.get("shares")),
+        spec_drift=_drift(plan.get("spec_drift")),
     )
+
+
+def _drift(value: Any) -> list[DriftView]:
+    """A stored plan's spec drift (older plans have none; malformed items are left out)."""
+    items = value if isinstance(value, list) else []
+    return [
+        DriftView(
+            kind=str(item.get("kind", "")),
+            file=str(item.get("file", "")),
+            line=int(item["line"]) if isinstance(item.get("line"), int) else 0,
+            listed=str(item.get("listed", "")),
+            message=str(item.get("message", "")),
+            likely=str(item["likely"]) if item.get("likely") else None,
+        )
+        for item in items
+        if isinstance(item, Mapping)
+    ]
 
 
 def _numbers(value: Any) -> dict[str, float]:

@@ -322,6 +322,19 @@ class SelectionView:
     excluded_pager: Pager
     timings: dict[str, float] = field(default_factory=dict)  # seconds per selector stage
     shares: dict[str, float] = field(default_factory=dict)  # of tests, test files, seconds
+    spec_drift: list[DriftView] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DriftView:
+    """A name or path a spec lists that the run's upstream revision lacks (it ran without)."""
+
+    kind: str
+    file: str
+    line: int
+    listed: str
+    message: str
+    likely: str | None
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,8 @@ class RunFacts:
     failures: list[Failure] = field(default_factory=list)
     # why the run or a shard could not test at all (no isolating runtime, missing commit)
     infra_errors: list[str] = field(default_factory=list)
+    # what the specs list that this upstream revision lacks (the run went on without it)
+    spec_drift: list[str] = field(default_factory=list)
 
     @property
     def failed_total(self) -> int:
@@ -101,6 +103,7 @@ def load_facts(session: Session, run_id: int, with_failures: bool) -> RunFacts:
     assert created is not None
     infra = [run.error] if run.error else []
     infra += [f"shard {s.index}: {s.error}" for s in run.shards if s.error]
+    plan = run.selection.plan if run.selection is not None else {}
     return RunFacts(
         run_id=run.id,
         attempt=run.attempt,
@@ -119,7 +122,21 @@ def load_facts(session: Session, run_id: int, with_failures: bool) -> RunFacts:
         upstream_payload=payload,
         failures=failures,
         infra_errors=infra,
+        spec_drift=drift_lines(plan.get("spec_drift") if isinstance(plan, dict) else None),
     )
+
+
+def drift_lines(value: Any) -> list[str]:
+    """A stored plan's spec drift as one line each (``spec:line: message; likely ...``)."""
+    lines = []
+    for item in value if isinstance(value, list) else []:
+        if not isinstance(item, dict):
+            continue
+        hint = f"; likely renamed to {item['likely']!r}" if item.get("likely") else ""
+        lines.append(
+            f"{item.get('file', '?')}:{item.get('line', '?')}: {item.get('message', '')}{hint}"
+        )
+    return lines
 
 
 def counts_of(facts: RunFacts) -> TestCounts:

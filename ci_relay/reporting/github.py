@@ -58,6 +58,7 @@ MAX_STATUS_DESCRIPTION = 140
 # GitHub allows 64 KB of raw_details per annotation; 50 of those would make one request 3 MB
 MAX_RAW_DETAILS = 8 * 1024
 TRACEBACK_BYTES = 4 * 1024  # per failure in the check run's text
+MAX_DRIFT_LINES = 50  # spec drift items in a check run's summary; the run page has them all
 JWT_BACKDATE = 60
 JWT_LIFETIME = 9 * 60
 TOKEN_MARGIN = 60  # refresh an installation token this long before it expires
@@ -237,6 +238,14 @@ def output(facts: RunFacts, settings: Settings, event: str) -> dict[str, str]:
     )
     for problem in facts.infra_errors:
         summary += f"\n\n**Infrastructure error:** {clip(problem, 2048)}"
+    if facts.spec_drift:
+        summary += (
+            f"\n\n### Spec drift ({len(facts.spec_drift)})\n\nThe specs list names this upstream "
+            "revision does not have; the rest ran.\n\n"
+            + "\n".join(f"- `{clip(line, 512)}`" for line in facts.spec_drift[:MAX_DRIFT_LINES])
+        )
+        if len(facts.spec_drift) > MAX_DRIFT_LINES:
+            summary += f"\n- … and {len(facts.spec_drift) - MAX_DRIFT_LINES} more on the run page"
     lines = [f"### Failed tests ({len(facts.failures)} of {facts.failed_total} listed)", ""]
     for failure in facts.failures:
         first = (failure.text or "").strip().splitlines()[:1]
