@@ -4,6 +4,7 @@ and a patch that keeps the spec's comments, through the real command line."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -221,6 +222,21 @@ def test_upgrade_on_the_sample_upstream(
     assert scalar["kind"] == "dependencies" and "prod" in scalar["ops"]
     assert "test_view_shares_storage" not in changes  # nothing it uses changed
     assert report["need_run"] < report["tests_at_head"]
+
+    # variants: B's tests collected under the spec; an @ops test counts only the variants of
+    # the ops whose entries changed
+    counted = cli(
+        "upgrade", "--upstream", sample_upstream.path, "--from", first, "--to", last,
+        "--spec", spec, "--variants",
+    )  # fmt: skip
+    assert counted.code == 0, counted.output
+    headline = next(line for line in counted.stdout.splitlines() if "test variants" in line)
+    need, _of, total = headline.split()[:3]
+    binary = re.search(r"^\s+(\d+) of\s+(\d+)  test/test_binary_ufuncs.py$", counted.stdout, re.M)
+    assert binary is not None, counted.stdout
+    binary_need, binary_total = int(binary[1]), int(binary[2])
+    assert 0 < int(need) < int(total)
+    assert 0 < binary_need < binary_total  # not every op's variants
 
 
 def test_bad_input_is_refused_clearly_and_writes_nothing(

@@ -17,6 +17,7 @@ from rich.table import Table
 from ci_relay.cli.common import BackendOpt, UpstreamOpt, _fail, _spec_files, _upstream_dir, err, out
 
 if TYPE_CHECKING:
+    from reuse_specs.loader import LoadedSpec
     from test_selection.upgrade import UpgradePlan
 
 commands = typer.Typer()
@@ -42,6 +43,14 @@ def upgrade(
         Path | None,
         typer.Option("--run-list", help="Write what changed here, in `run --tests` format."),
     ] = None,
+    variants: Annotated[
+        bool,
+        typer.Option(
+            "--variants",
+            help="Also count test variants (devices, dtypes, ops) by collecting B's tests with "
+            "pytest in this process, as `specs show` does: it imports B's test files.",
+        ),
+    ] = False,
 ) -> None:
     """Diff the specs' tests between two upstream revisions; propose the spec edits.
 
@@ -65,10 +74,13 @@ def upgrade(
             plan = plan_upgrade(root, base, head, files, backend)
     except UpgradeError as exc:
         raise _fail(str(exc)) from None
+    counted = _count_variants(root, plan, files, backend) if variants else None
     if as_json:
-        print(json.dumps(plan.to_json(), indent=2))
+        print(json.dumps({**plan.to_json(), "variants": counted}, indent=2))
     else:
         _print(plan)
+        if counted is not None:
+            _print_variants(counted)
     if run_list is not None:
         _write(run_list, "".join(f"{line}\n" for line in plan.diff.run_list()))
         err.print(f"run list: {len(plan.diff.run_list())} test(s) written to {run_list}")
@@ -85,6 +97,61 @@ def upgrade(
         err.print(f"applied: {len(changed)} spec file(s) rewritten" if changed else "no edit")
     if plan.patch_problems or plan.impact.unresolved:
         raise typer.Exit(1)
+
+
+def _count_variants(
+    root: Path, plan: UpgradePlan, specs: list[Path], backend: str
+) -> dict[str, dict[str, int]]:
+    """Per file (and ``total``): the variants B collects under the specs, and how many of
+    them belong to a changed test (for an ``@ops`` test changed only through the op
+    database, only the variants of those ops)."""
+    from ci_relay.execution.spec_run import pytest_args, run_pytest
+    from reuse_specs.backends import get_backend
+    from test_selection.git import Repo
+    from test_selection.upgrade import exported_tree
+
+    changed = {c.test: set(c.ops) for c in plan.diff.needing_run()}
+    counts: dict[str, dict[str, int]] = {"total": {"variants": 0, "need_run": 0}}
+    profile = get_backend(backend)
+    with exported_tree(Repo(root), plan.diff.head) as tree:
+        loaded = _loaded_at(specs, tree, backend)
+        with err.status("collecting B's test variants…"):
+            result, decided = run_pytest(
+                lambda ini: pytest_args(specs, loaded, tree, profile, ini, collect_only=True),
+                tree,
+            )
+        if result.collection_errors:
+            for problem in result.collection_errors:
+                err.print(problem, markup=False)
+            raise _fail("could not collect B's tests for --variants", 3)
+        for _nodeid, variant, _decision in decided:
+            file = variant.file.relative_to(tree).as_posix()
+            generic = "::".join(p for p in (file, variant.class_name, variant.test_name) if p)
+            ops = changed.get(generic)
+            need = ops is not None and (not ops or (variant.op or "") in ops)
+            for key in (file, "total"):
+                row = counts.setdefault(key, {"variants": 0, "need_run": 0})
+                row["variants"] += 1
+                row["need_run"] += int(need)
+    return counts
+
+
+def _loaded_at(specs: list[Path], tree: Path, backend: str) -> LoadedSpec:
+    from reuse_specs.errors import SpecErrors
+    from reuse_specs.loader import load_specs
+
+    try:
+        return load_specs(specs, tree, backend)
+    except SpecErrors as exc:
+        raise _fail(f"the specs do not load at B: {exc}") from None
+
+
+def _print_variants(counts: dict[str, dict[str, int]]) -> None:
+    total = counts["total"]
+    out.print(f"[bold]{total['need_run']} of {total['variants']} test variants need a run[/]")
+    for file, row in sorted(counts.items()):
+        if file != "total":
+            out.print(f"  {row['need_run']:>6} of {row['variants']:>6}  {file}", markup=False)
 
 
 def _write(path: Path, text: str) -> None:
