@@ -19,7 +19,9 @@ from typing import Literal
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-EditKind = Literal["rename_test", "remove_test", "rename_file", "remove_file"]
+EditKind = Literal[
+    "rename_test", "remove_test", "rename_file", "remove_file", "add_test", "set_mode"
+]
 REMOVED = "# removed upstream: "
 
 
@@ -31,9 +33,10 @@ class SpecEdit:
     kind: EditKind
     path: str
     old: str  # the listed test name (test edits) or the path (file edits)
-    new: str | None = None
-    reason: str = ""
+    new: str | None = None  # the new name or path; for add_test and set_mode, the mode
+    reason: str = ""  # for add_test and set_mode, written as the mode line's comment
     spec: str = ""
+    tags: tuple[str, ...] = ()  # add_test: the entry's tags
 
 
 class PatchError(ValueError):
@@ -67,7 +70,13 @@ def _line_start(text: str, index: int) -> int:
     return text.rfind("\n", 0, index) + 1
 
 
-def _comment_out(text: str, first: int, last: int) -> list[_Span]:
+def _marker(edit: SpecEdit | None) -> str:
+    """What a commented-out line starts with: the edit's reason, else "removed upstream"."""
+    reason = " ".join(edit.reason.split()).split(":")[0] if edit and edit.reason else ""
+    return f"# {reason}: " if reason else REMOVED
+
+
+def _comment_out(text: str, first: int, last: int, marker: str = REMOVED) -> list[_Span]:
     """Insert the removal marker at the first non-blank column of lines ``first..last``
     (0-based), which keeps their text, comments included."""
     spans: list[_Span] = []
@@ -81,12 +90,17 @@ def _comment_out(text: str, first: int, last: int) -> list[_Span]:
         if not content.strip() or content.lstrip().startswith("#"):
             continue
         indent = len(content) - len(content.lstrip())
-        spans.append(_Span(begin + indent, begin + indent, REMOVED))
+        spans.append(_Span(begin + indent, begin + indent, marker))
     return spans
 
 
 def _last_line(node: Node) -> int:
-    """The last line a block node occupies (its end mark sits at the next line's start)."""
+    """The last line a node's own text is on (a block node's end mark sits where the next
+    token starts, often on a later line, so the last value decides)."""
+    if isinstance(node, MappingNode) and not node.flow_style and node.value:
+        return _last_line(node.value[-1][1])
+    if isinstance(node, SequenceNode) and not node.flow_style and node.value:
+        return _last_line(node.value[-1])
     end = node.end_mark
     return end.line - 1 if end.column == 0 and end.line > node.start_mark.line else end.line
 
@@ -141,9 +155,20 @@ def patch_spec_text(text: str, edits: list[SpecEdit]) -> str:
         if any(e.kind == "remove_file" for e in mine):
             continue
         tests = _value(entry, "tests")
+        for edit in mine:
+            if edit.kind == "add_test":
+                spans.append(_add_test(text, entry, tests, edit))
+                done.add(edit)
+            elif edit.kind == "set_mode" and isinstance(tests, SequenceNode):
+                span = _set_mode(text, tests, edit)
+                if span is not None:
+                    spans.append(span)
+                    done.add(edit)
         if not isinstance(tests, SequenceNode):
             continue
-        spans += _test_edits(text, tests, [e for e in mine if e.kind.endswith("_test")], done)
+        spans += _test_edits(
+            text, tests, [e for e in mine if e.kind in ("rename_test", "remove_test")], done
+        )
         test_edits = [e for e in mine if e.kind == "remove_test"]
         if test_edits and _every_entry_dropped(tests, test_edits):
             key_line = next(
@@ -159,6 +184,63 @@ def patch_spec_text(text: str, edits: list[SpecEdit]) -> str:
             + "; ".join(f"{e.kind} {e.old!r} under {e.path!r}" for e in missing)
         )
     return _apply(text, spans)
+
+
+def _comment(reason: str) -> str:
+    one_line = " ".join(reason.split())
+    return f"  # {one_line[:160]}" if one_line else ""
+
+
+def _add_test(text: str, entry: MappingNode, tests: Node | None, edit: SpecEdit) -> _Span:
+    """A new ``tests`` item after the last one (or a new ``tests`` key after the entry),
+    indented like its neighbours, in block style."""
+
+    def item(dash: int) -> str:
+        pad = " " * dash
+        lines = f"{pad}- names: [{edit.old}]\n"
+        lines += f"{pad}  mode: {edit.new or 'mandatory_success'}{_comment(edit.reason)}\n"
+        if edit.tags:
+            lines += f"{pad}  tags: [{', '.join(edit.tags)}]\n"
+        return lines
+
+    if isinstance(tests, SequenceNode) and tests.value and not tests.flow_style:
+        dash = tests.value[0].start_mark.column - 2  # block items: "- " before the mapping
+        at = _line_end(text, _last_line(tests.value[-1]))
+        return _Span(at, at, item(dash))
+    if tests is not None:
+        raise PatchError(f"the tests of {edit.path!r} are not a block list; add {edit.old} by hand")
+    key_column = entry.value[0][0].start_mark.column
+    at = _line_end(text, _last_line(entry))
+    return _Span(at, at, f"{' ' * key_column}tests:\n" + item(key_column + 2))
+
+
+def _line_end(text: str, line: int) -> int:
+    """The index just after line ``line``'s newline (the end of the text if it has none)."""
+    index = 0
+    for _ in range(line + 1):
+        found = text.find("\n", index)
+        if found == -1:
+            return len(text)
+        index = found + 1
+    return index
+
+
+def _set_mode(text: str, tests: SequenceNode, edit: SpecEdit) -> _Span | None:
+    """The mode of the entry that lists only ``edit.old``: its ``mode`` value replaced (the
+    reason as the line's comment when the line has none)."""
+    for test in tests.value:
+        names = _names_of(test)
+        if names is None or [getattr(n, "value", None) for n in names.value] != [edit.old]:
+            continue
+        assert isinstance(test, MappingNode)
+        mode = _value(test, "mode")
+        if isinstance(mode, ScalarNode):
+            end = mode.end_mark.index
+            rest = text[end : text.find("\n", end) if "\n" in text[end:] else len(text)]
+            note = "" if "#" in rest else _comment(edit.reason)
+            return _Span(mode.start_mark.index, end, _quoted(mode, edit.new or "") + note)
+        return None  # no mode key: the caller adds an entry instead
+    return None
 
 
 def _names_of(test: Node) -> SequenceNode | None:
@@ -191,7 +273,7 @@ def _test_edits(
         seen.add(id(names))
         listed = [n.value if isinstance(n, ScalarNode) else None for n in names.value]
         removed = {
-            i
+            i: e
             for i, value in enumerate(listed)
             for e in edits
             if e.kind == "remove_test" and e.old == value
@@ -201,7 +283,8 @@ def _test_edits(
             if tests.flow_style:
                 spans.append(_drop_from_flow(tests, test_index))
             else:
-                spans += _comment_out(text, *_entry_lines(tests, test_index))
+                marker = _marker(next(iter(removed.values())))
+                spans += _comment_out(text, *_entry_lines(tests, test_index), marker)
             continue
         for i, node in enumerate(names.value):
             if not isinstance(node, ScalarNode):
@@ -211,7 +294,7 @@ def _test_edits(
                     spans.append(_drop_from_flow(names, i))
                 else:
                     line = node.start_mark.line
-                    spans += _comment_out(text, line, line)
+                    spans += _comment_out(text, line, line, _marker(removed[i]))
                 continue
             for edit in edits:
                 if edit.kind == "rename_test" and edit.old == node.value and edit.new:

@@ -168,6 +168,8 @@ def drain(rt: RelayContext, steps: list[Next]) -> None:
             steps += pipeline.process_delivery(rt, step.arg)
         elif step.task == "select":
             steps += pipeline.select_tests(rt, step.arg, stale)
+        elif step.task == "upgrade":
+            steps += pipeline.plan_upgrade_job(rt, step.arg, stale)
         elif step.task == "execute":
             steps += pipeline.execute_shard(rt, step.arg, stale)
         elif step.task == "collect":

@@ -17,6 +17,7 @@ from ci_relay.cli.common import (
     _fail,
     _load_for_run,
     _report_spec_errors,
+    _settings,
     _spec_files,
     err,
     out,
@@ -119,3 +120,98 @@ def specs_show(
     for nodeid, _variant, decision in decided:
         table.add_row(nodeid, decision.mode.value, decision.reason)
     out.print(table)
+
+
+@specs_app.command("suggest")
+def specs_suggest(
+    specs: Annotated[list[Path], typer.Argument(help="Spec files or folders of them.")],
+    backend: BackendOpt = "cpu",
+    repository: Annotated[
+        str | None, typer.Option(help="Only runs of this upstream repository (owner/name).")
+    ] = None,
+    days: Annotated[int, typer.Option(min=1, help="Look at finished runs this recent.")] = 7,
+    min_runs: Annotated[int, typer.Option(min=1, help="Fewer runs of a test prove nothing.")] = 3,
+    flake_rate: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of reruns that makes a test flaky.")
+    ] = 0.2,
+    flake_action: Annotated[
+        str, typer.Option(help="What a flaky test gets: tag (tags: [flaky]) or skip.")
+    ] = "tag",
+    patch: Annotated[Path | None, typer.Option(help="Write the proposed patch here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+) -> None:
+    """Propose spec edits from the relay's stored results (never applied by itself).
+
+    A test that failed in every finished run of the backend in the window becomes ``xfail``
+    with its error; one that passed only on rerun often enough gets a tag (or ``skip``).
+    Reads the relay's database (CI_RELAY_DATABASE_URL). Prints a patch that keeps the specs'
+    comments; ``--patch`` writes it.
+    """
+    import difflib
+    from datetime import UTC, datetime, timedelta
+
+    from ci_relay.context import RelayContext
+    from ci_relay.dashboard.suggestions import SuggestPolicy, edits_for, suggest
+    from reuse_specs.spec_patch import PatchError, patch_spec_text
+
+    if flake_action not in ("tag", "skip"):
+        raise _fail(f"--flake-action {flake_action!r}: expected tag or skip")
+    files = _spec_files(specs)
+    if not files:
+        raise _fail("no spec files found")
+    try:
+        loaded = load_specs(files)
+    except SpecErrors as exc:
+        _report_spec_errors(exc)
+        raise _fail(f"{len(exc.errors)} error(s) in the spec") from None
+    policy = SuggestPolicy(
+        since=datetime.now(UTC) - timedelta(days=days),
+        min_runs=min_runs,
+        flake_rate=flake_rate,
+        flake_action="skip" if flake_action == "skip" else "tag",
+    )
+    rt = RelayContext(_settings())
+    rt.db.upgrade()  # a relay that has never run has no tables yet
+    with rt.db.session() as session:
+        found = suggest(session, backend, policy, repository)
+    edits, uncovered = edits_for(found, loaded, policy)
+    diffs: list[str] = []
+    for spec in files:
+        mine = [e for e in edits if e.spec == str(spec)]
+        if not mine:
+            continue
+        before = spec.read_text(encoding="utf-8")
+        try:
+            after = patch_spec_text(before, mine)
+        except PatchError as exc:
+            uncovered.append(f"{spec}: {exc}")
+            continue
+        diffs.append(
+            "".join(
+                difflib.unified_diff(
+                    before.splitlines(keepends=True),
+                    after.splitlines(keepends=True),
+                    f"a/{spec.name}",
+                    f"b/{spec.name}",
+                )
+            )
+        )
+    text = "".join(diffs)
+    if as_json:
+        rows = [
+            {"test": s.test, "action": s.action, "reason": s.reason, "runs": s.runs} for s in found
+        ]
+        print(json.dumps({"suggestions": rows, "uncovered": uncovered, "patch": text}, indent=2))
+    else:
+        if not found:
+            out.print(f"no suggestion: no test of {backend} failed on every run or flaked")
+        for item in found:
+            out.print(f"{item.action:>5}  {item.test}: {item.reason}", markup=False, soft_wrap=True)
+        for line in uncovered:
+            out.print(f"[yellow]not in the patch:[/] {line}", soft_wrap=True)
+        if text:
+            out.print(text, markup=False, highlight=False, end="")
+    if patch is not None:
+        patch.parent.mkdir(parents=True, exist_ok=True)
+        patch.write_text(text, encoding="utf-8")
+        err.print(f"patch written to {patch}")

@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from ci_relay.cli.common import BackendOpt, UpstreamOpt, _fail, _spec_files, _upstream_dir, err, out
+from ci_relay.cli.common import (
+    BackendOpt,
+    UpstreamOpt,
+    _fail,
+    _settings,
+    _spec_files,
+    _upstream_dir,
+    err,
+    out,
+)
 
 if TYPE_CHECKING:
     from reuse_specs.loader import LoadedSpec
@@ -27,9 +36,11 @@ SHOWN = 20  # lines of a long list shown in the terminal; --json and the files h
 
 @commands.command("upgrade")
 def upgrade(
-    spec: Annotated[list[Path], typer.Option("--spec", help="Spec file or folder; repeatable.")],
     base: Annotated[str, typer.Option("--from", help="The revision the specs are green at.")],
     head: Annotated[str, typer.Option("--to", help="The revision to move to.")],
+    spec: Annotated[
+        list[Path] | None, typer.Option("--spec", help="Spec file or folder; repeatable.")
+    ] = None,
     upstream: UpstreamOpt = None,
     backend: BackendOpt = "cpu",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
@@ -42,6 +53,17 @@ def upgrade(
     run_list: Annotated[
         Path | None,
         typer.Option("--run-list", help="Write what changed here, in `run --tests` format."),
+    ] = None,
+    submit: Annotated[
+        str | None,
+        typer.Option(
+            "--submit",
+            help="Instead of planning here, ask this relay (its URL) to run the changed tests "
+            "at A and at B; needs --repository and CI_RELAY_DISPATCH_TOKEN.",
+        ),
+    ] = None,
+    repository: Annotated[
+        str | None, typer.Option(help="With --submit: the upstream repository (owner/name).")
     ] = None,
     variants: Annotated[
         bool,
@@ -66,9 +88,12 @@ def upgrade(
     root = _upstream_dir(upstream)
     if not (root / ".git").exists() and not (root / "HEAD").is_file():
         raise _fail(f"upstream {root} is not a git repository (the upgrade compares commits)")
-    files = _spec_files(spec)
+    if submit is not None:
+        _submit(submit, repository, root, base, head, backend)
+        return
+    files = _spec_files(spec or [])
     if not files:
-        raise _fail("no spec files found")
+        raise _fail("no spec files found (pass --spec FILE or a folder of them)")
     try:
         with err.status(f"comparing {base} and {head}…"):
             plan = plan_upgrade(root, base, head, files, backend)
@@ -97,6 +122,47 @@ def upgrade(
         err.print(f"applied: {len(changed)} spec file(s) rewritten" if changed else "no edit")
     if plan.patch_problems or plan.impact.unresolved:
         raise typer.Exit(1)
+
+
+def _submit(
+    relay: str, repository: str | None, root: Path, base: str, head: str, backend: str
+) -> None:
+    """POST the upgrade to a relay, with both revisions resolved to commit ids here."""
+    import httpx
+
+    from test_selection.git import GitError, Repo
+
+    secret = _settings().dispatch_token
+    token = secret.get_secret_value() if secret else ""
+    if not token:
+        raise _fail("--submit needs the relay's dispatch token in CI_RELAY_DISPATCH_TOKEN")
+    if not repository:
+        raise _fail("--submit needs --repository owner/name (as the relay's policy names it)")
+    try:
+        repo = Repo(root)
+        body = {
+            "repository": repository,
+            "base": repo.resolve(base),
+            "head": repo.resolve(head),
+            "backends": [backend],
+        }
+    except GitError as exc:
+        raise _fail(str(exc)) from None
+    url = relay.rstrip("/") + "/api/upgrades"
+    try:
+        response = httpx.post(
+            url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
+    except httpx.HTTPError as exc:
+        raise _fail(f"could not reach {url}: {exc}") from None
+    if response.status_code != 202:
+        try:
+            reason = response.json().get("error", response.text)
+        except ValueError:
+            reason = response.text
+        raise _fail(f"the relay refused the upgrade (HTTP {response.status_code}): {reason}")
+    page = relay.rstrip("/") + str(response.json()["url"])
+    out.print(f"upgrade {response.json()['id']} submitted: {page}")
 
 
 def _count_variants(

@@ -174,6 +174,35 @@ def make_router(rt: RelayContext) -> APIRouter:
         view = read(lambda s: downstream.record(s, result_id))
         return found(view, f"no result {result_id} has been posted by another relay")
 
+    # release upgrade ---------------------------------------------------------------------------
+
+    @router.get("/upgrades/{upgrade_id}", response_class=HTMLResponse, responses=HTML_NOT_FOUND)
+    def upgrade_html(upgrade_id: DbId) -> HTMLResponse:
+        view = read(lambda s: queries.upgrade_page(s, upgrade_id))
+        if view is None:
+            return missing(f"No upgrade job {upgrade_id} has been submitted.")
+        return page("upgrade.html", f"Upgrade {upgrade_id}", view=view)
+
+    @router.get(
+        "/api/upgrades/{upgrade_id}",
+        response_class=JSONResponse,
+        responses={**JSON_ANY, **NOT_FOUND},
+    )
+    def upgrade_api(upgrade_id: DbId) -> JSONResponse:
+        view = read(lambda s: queries.upgrade_page(s, upgrade_id))
+        return found(view, f"no upgrade job {upgrade_id}")
+
+    @router.get(
+        "/upgrades/{upgrade_id}/patch", response_class=PlainTextResponse, responses=NOT_FOUND
+    )
+    def upgrade_patch(upgrade_id: DbId) -> PlainTextResponse:
+        text = read(lambda s: queries.upgrade_patch(s, upgrade_id))
+        if text is None:
+            raise HTTPException(404, f"no upgrade job {upgrade_id}")
+        return PlainTextResponse(
+            text, media_type="text/x-diff", headers={"x-content-type-options": "nosniff"}
+        )
+
     # test -------------------------------------------------------------------------------------
 
     @router.get("/tests", response_class=HTMLResponse, responses=HTML_NOT_FOUND)

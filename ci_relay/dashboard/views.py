@@ -104,6 +104,66 @@ class Grid:
     rows: list[GridRow]
     pager: Pager
     downstream: list[str] = field(default_factory=list)  # other relays' columns, after ours
+    upgrades: list[UpgradeRow] = field(default_factory=list)  # newest release upgrade jobs
+
+    @property
+    def upgrade_backends(self) -> list[str]:
+        return sorted({b for row in self.upgrades for b in row.cells})
+
+
+@dataclass(frozen=True)
+class UpgradeRow:
+    """A release upgrade job on the grid: its range and, per backend, how A and B compare."""
+
+    id: int
+    repository: str
+    base_sha: str
+    head_sha: str
+    state: str
+    need_run: int | None
+    tests_at_head: int | None
+    created_at: datetime
+    cells: dict[str, dict[str, int]] = field(default_factory=dict)  # backend -> category counts
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One test variant at A and at B."""
+
+    test: str
+    category: str  # newly failing | newly passing | still failing | not run | passing
+    base: str | None  # outcome at A (None: not run there)
+    head: str | None
+    change: str | None  # why the upgrade ran it (added, renamed, body, dependencies)
+
+
+@dataclass(frozen=True)
+class BackendComparison:
+    backend: str
+    base_run: int | None
+    head_run: int | None
+    finished: bool
+    counts: dict[str, int]
+    rows: list[ComparisonRow]
+
+
+@dataclass(frozen=True)
+class UpgradePage:
+    id: int
+    repository: str
+    base_sha: str
+    head_sha: str
+    state: str
+    error: str | None
+    created_at: datetime
+    commits: int | None
+    need_run: int | None
+    tests_at_head: int | None
+    by_kind: dict[str, int]
+    spec_edits: int
+    needs_person: list[str]
+    has_patch: bool
+    backends: list[BackendComparison]
 
 
 @dataclass(frozen=True)
@@ -361,6 +421,14 @@ class HistoryEntry:
 
 
 @dataclass(frozen=True)
+class SuggestionView:
+    backend: str
+    action: str  # xfail, tag, skip
+    reason: str
+    runs: int
+
+
+@dataclass(frozen=True)
 class TestHistory:
     __test__ = False
 
@@ -375,6 +443,8 @@ class TestHistory:
     entries: list[HistoryEntry]
     pager: Pager
     durations: list[tuple[int, float, str]]  # (run id, seconds, outcome), oldest first
+    # proposed spec edits from the last days' results (ci-relay specs suggest), per backend
+    suggestions: list[SuggestionView] = field(default_factory=list)
 
     @property
     def flake_rate(self) -> float:

@@ -17,7 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Security
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
@@ -28,9 +28,11 @@ from ci_relay.context import RelayContext
 from ci_relay.identifiers import (
     DELIVERY_ID_PATTERN,
     EVENT_PATTERN,
+    CommitId,
     DeliveryId,
     EventName,
     InvalidIdentifier,
+    RepositoryName,
 )
 from ci_relay.identifiers import (
     delivery_id as check_delivery_id,
@@ -43,11 +45,30 @@ from ci_relay.logs import delivery_context
 from ci_relay.metrics import Metrics
 from ci_relay.request_body import BodyTooLarge, parse_json, read_body_at_most
 from ci_relay.steps import Next
-from ci_relay.store.models import Delivery, DeliveryState, utcnow
+from ci_relay.store.models import Delivery, DeliveryState, Upgrade, utcnow
 
 log = logging.getLogger("ci_relay.intake")
 
 HANDLED_EVENTS = {"pull_request", "push", "check_run", "check_suite"}
+
+
+class UpgradeRequest(BaseModel):
+    """``POST /api/upgrades``: test what changed between two upstream commits, at both."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    repository: RepositoryName
+    base: CommitId  # A: the revision the specs are green at
+    head: CommitId  # B: the revision to move to
+    backends: list[EventName] | None = Field(
+        default=None, max_length=16, description="default: every backend the policy names"
+    )
+
+
+class UpgradeAccepted(BaseModel):
+    id: int
+    url: str
+    state: str
 
 
 class DispatchEnvelope(BaseModel):
@@ -325,6 +346,67 @@ def make_router(
                 started,
                 field_prefix="envelope field payload.",
             )
+
+    @router.post(
+        "/api/upgrades",
+        status_code=202,
+        response_model=UpgradeAccepted,
+        responses=errors(400, 401, 413, 422),
+        openapi_extra=json_body(UpgradeRequest.model_json_schema(), "the upgrade to test"),
+        dependencies=[Security(DISPATCH_AUTH)],
+    )
+    async def submit_upgrade(request: Request) -> JSONResponse:
+        """A release upgrade job (behind the dispatch token): the specs' tests that changed
+        between ``base`` and ``head`` run at both on each backend; ``url`` compares them."""
+        started = time.perf_counter()
+        body = await read_within_limit(request)
+        if body is None:
+            return await reject(request, 413, too_large, "upgrade", started)
+        token = settings.dispatch_token.get_secret_value() if settings.dispatch_token else None
+        if token is None or not _same(request.headers.get("authorization", ""), f"Bearer {token}"):
+            reason = "upgrades are disabled (no token set)" if token is None else "bad bearer token"
+            return await reject(request, 401, reason, "upgrade", started)
+        try:
+            wanted = UpgradeRequest.model_validate(parse_json(body))
+        except ValueError as exc:  # not JSON, or a field pydantic refused (it says which)
+            problem = (
+                InvalidPayload.from_validation(exc)
+                if isinstance(exc, ValidationError)
+                else f"body is not JSON: {exc}"
+            )
+            status = 422 if isinstance(exc, ValidationError) else 400
+            return await reject(request, status, str(problem), "upgrade", started)
+        repo_policy = rt.policy.for_repository(wanted.repository)
+        if repo_policy is None:
+            reason = f"repository {wanted.repository} is not in the allowlist"
+            return await reject(request, 422, reason, "upgrade", started)
+        allowed = sorted(repo_policy.backends)
+        backends = wanted.backends or allowed
+        unknown = sorted(set(backends) - set(allowed))
+        if unknown:
+            reason = f"backends {', '.join(unknown)} do not run for {wanted.repository}"
+            return await reject(request, 422, reason, "upgrade", started)
+
+        def create() -> int:
+            with rt.db.session() as session:
+                job = Upgrade(
+                    repository=wanted.repository,
+                    base_sha=wanted.base,
+                    head_sha=wanted.head,
+                    backends=list(dict.fromkeys(backends)),
+                    plan={},
+                )
+                session.add(job)
+                session.flush()
+                return job.id
+
+        upgrade_id = await run_in_threadpool(create)
+        await run_in_threadpool(enqueue, [Next("upgrade", upgrade_id)])
+        log.info("upgrade %s: %s..%s queued", upgrade_id, wanted.base[:12], wanted.head[:12])
+        return JSONResponse(
+            {"id": upgrade_id, "url": f"/upgrades/{upgrade_id}", "state": "pending"},
+            status_code=202,
+        )
 
     return router
 

@@ -16,6 +16,8 @@ from ci_relay.store.models import (
     RunState,
     Shard,
     ShardState,
+    Upgrade,
+    UpgradeState,
     utcnow,
 )
 
@@ -32,6 +34,16 @@ def reconcile(rt: RelayContext, older_than: timedelta, stale_after: timedelta) -
             )
         ):
             out.append(Next("process", pk))
+        for pk in session.scalars(
+            select(Upgrade.id).where(
+                or_(
+                    (Upgrade.state == UpgradeState.PENDING) & (Upgrade.updated_at < cutoff),
+                    (Upgrade.state == UpgradeState.PLANNING)
+                    & (Upgrade.updated_at < utcnow() - stale_after),
+                )
+            )
+        ):
+            out.append(Next("upgrade", pk))
         for run_id in session.scalars(
             select(Run.id).where(
                 or_(

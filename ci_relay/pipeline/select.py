@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from ci_relay.checkouts import CheckoutError, upstream_mirror
 from ci_relay.context import RelayContext
+from ci_relay.pipeline.upgrade import upgrade_plan_json
 from ci_relay.reporting.outbox import enqueue_reports
 from ci_relay.steps import Next, claim_pending_or_stale, report_steps
 from ci_relay.store.models import (
@@ -20,6 +23,7 @@ from ci_relay.store.models import (
     Shard,
     ShardState,
     TestResult,
+    Upgrade,
     utcnow,
 )
 from reuse_specs.errors import SpecErrors
@@ -50,19 +54,52 @@ def select_tests(rt: RelayContext, run_id: int, stale_after: timedelta) -> list[
             ]
         head, base, backend = run.change.head_sha, run.change.base_sha, run.backend
         repository = run.change.repository
+        fixed: dict[str, Any] | None = None
+        if run.change.kind == "upgrade":  # a release upgrade's side: its fixed list
+            job, side = _upgrade_of(session, run.change_id)
+            if job is not None:
+                fixed = upgrade_plan_json(job.plan, side, rt.settings.shards_per_run)
+            upgrade = True
+        else:
+            upgrade = False
+    if upgrade:
+        if fixed is None:
+            return _run_failed(rt, run_id, "selection failed: its upgrade job is gone")
+        return _start(rt, run_id, "upgrade", fixed, fixed["shards"], backend)
     try:
         observations = past_observations(rt, repository, backend, exclude_run=run_id)
         plan = _plan(rt, head, base, observations)
     except (CheckoutError, SpecErrors, EmptyUniverse) as exc:  # no commit, bad spec, no test
         log.error("run %s: selection impossible: %s", run_id, exc)
         return _run_failed(rt, run_id, f"selection failed: {exc}")
+    return _start(rt, run_id, f"four-stage/{plan.agent}", plan.to_json(), plan.shards, backend)
+
+
+def _upgrade_of(session: Session, change_id: int) -> tuple[Upgrade | None, str]:
+    job = session.scalars(
+        select(Upgrade).where(
+            (Upgrade.base_change_id == change_id) | (Upgrade.head_change_id == change_id)
+        )
+    ).first()
+    return job, "base" if job is not None and job.base_change_id == change_id else "head"
+
+
+def _start(
+    rt: RelayContext,
+    run_id: int,
+    strategy: str,
+    plan: dict[str, Any],
+    shard_tests: list[list[str]],
+    backend: str,
+) -> list[Next]:
+    """Store the run's selection and shards; queue the shards (or close an empty run)."""
     with rt.db.session() as session:
         run = session.get(Run, run_id)
         assert run is not None
-        session.add(Selection(run=run, strategy=f"four-stage/{plan.agent}", plan=plan.to_json()))
+        session.add(Selection(run=run, strategy=strategy, plan=plan))
         shards = [
             Shard(run=run, index=i, test_files=tests)
-            for i, tests in enumerate(plan.shards)
+            for i, tests in enumerate(shard_tests)
             if tests
         ]
         session.add_all(shards)
@@ -75,10 +112,10 @@ def select_tests(rt: RelayContext, run_id: int, stale_after: timedelta) -> list[
         reports = report_steps(enqueue_reports(session, rt, run, "in_progress"))
         session.flush()
         log.info(
-            "run %s: %d of %d tests selected in %d shard(s)",
+            "run %s: %d of %s tests selected in %d shard(s)",
             run_id,
-            len(plan.selected),
-            plan.universe_size,
+            len(plan.get("selected", [])),
+            plan.get("universe_size"),
             len(shards),
         )
         return [Next("execute", shard.id, backend) for shard in shards] + reports

@@ -19,6 +19,8 @@ def delivery_id_of(rt: RelayContext, task: str, pk: int) -> str | None:
     with rt.db.session() as session:
         if task == "process":
             return session.scalar(select(Delivery.delivery_id).where(Delivery.id == pk))
+        if task == "upgrade":
+            return f"upgrade-{pk}"
         of_run = (
             select(Delivery.delivery_id)
             .join(Change, Change.delivery_pk == Delivery.id)

@@ -73,6 +73,7 @@ def configure(settings: Settings) -> RelayContext:
         task_routes={
             "relay.process_delivery": {"queue": "intake"},
             "relay.select": {"queue": "select"},
+            "relay.upgrade": {"queue": "select"},
             "relay.collect": {"queue": "report"},
             "relay.send_report": {"queue": "report"},
         },
@@ -92,6 +93,8 @@ def enqueue(steps: list[Next]) -> None:
                 process_delivery.apply_async((step.arg,), queue="intake")
             elif step.task == "select":
                 select_tests.apply_async((step.arg,), queue="select")
+            elif step.task == "upgrade":
+                plan_upgrade.apply_async((step.arg,), queue="select")
             elif step.task == "execute":
                 execute_shard.apply_async((step.arg,), queue=exec_queue(step.backend or "cpu"))
             elif step.task == "collect":
@@ -137,6 +140,11 @@ def process_delivery(delivery_pk: int) -> None:
 @celery_app.task(name="relay.select", **RETRY)
 def select_tests(run_id: int) -> None:
     _step("select", run_id, lambda: pipeline.select_tests(runtime(), run_id, _stale()))
+
+
+@celery_app.task(name="relay.upgrade", **RETRY)
+def plan_upgrade(upgrade_id: int) -> None:
+    _step("upgrade", upgrade_id, lambda: pipeline.plan_upgrade_job(runtime(), upgrade_id, _stale()))
 
 
 @celery_app.task(name="relay.execute_shard", **RETRY)

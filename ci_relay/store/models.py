@@ -222,6 +222,36 @@ class TestResult(Base):
     shard: Mapped[Shard] = relationship(back_populates="results")
 
 
+class UpgradeState:
+    PENDING = "pending"  # waiting for its plan (the test-level diff of A..B)
+    PLANNING = "planning"
+    RUNNING = "running"  # its runs at A and at B exist; the page compares as they finish
+    FAILED = "failed"  # the plan could not be made (unknown commit, specs that do not load)
+
+
+class Upgrade(Base):
+    """A release upgrade job: the tests that changed between two upstream revisions, run
+    at both on chosen backends (as two changes of kind ``upgrade``) and compared."""
+
+    __tablename__ = "upgrades"
+    __table_args__ = (Index("ix_upgrades_state", "state"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    repository: Mapped[str] = mapped_column(String(256))
+    base_sha: Mapped[str] = mapped_column(String(64))
+    head_sha: Mapped[str] = mapped_column(String(64))
+    backends: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    state: Mapped[str] = mapped_column(String(16), default=UpgradeState.PENDING)
+    plan: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # UpgradePlan.to_json
+    error: Mapped[str | None] = mapped_column(Text)
+    base_change_id: Mapped[int | None] = mapped_column(ForeignKey("changes.id"))
+    head_change_id: Mapped[int | None] = mapped_column(ForeignKey("changes.id"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, onupdate=utcnow
+    )
+
+
 class OutboxState:
     PENDING = "pending"  # waiting for next_attempt_at (first try or a retry)
     SENDING = "sending"  # claimed by a sender until next_attempt_at (its lease)

@@ -6,13 +6,15 @@ API both call these, so they stay in step. Only the columns a page shows are
 selected, which also keeps these reads working while other columns are added.
 
 The reads are split per page (``grid``, ``runs`` for the commit, pull request and run pages,
-``history`` for a test, ``trends``), with what they share in ``common``.
+``history`` for a test, ``trends``, ``upgrades`` for a release upgrade's comparison), with
+what they share in ``common``.
 """
 
 from ci_relay.dashboard.queries.grid import grid
 from ci_relay.dashboard.queries.history import history
 from ci_relay.dashboard.queries.runs import commit_page, pull_request_page, result_details, run_page
 from ci_relay.dashboard.queries.trends import trends
+from ci_relay.dashboard.queries.upgrades import upgrade_page, upgrade_patch
 
 __all__ = [
     "commit_page",
@@ -22,4 +24,6 @@ __all__ = [
     "result_details",
     "run_page",
     "trends",
+    "upgrade_page",
+    "upgrade_patch",
 ]

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from ci_relay.dashboard import downstream
 from ci_relay.dashboard.queries.common import _clamp
+from ci_relay.dashboard.queries.upgrades import UPGRADE, recent_upgrades
 from ci_relay.dashboard.status import ordered_counts, run_status
 from ci_relay.dashboard.views import (
     Cell,
@@ -44,7 +45,7 @@ def _seen_heads() -> Subquery:
         Change.created_at.label("seen"),
         Change.number.label("number"),
         Change.id.label("change_id"),
-    )
+    ).where(Change.kind != UPGRADE)  # upgrade runs have their own rows (Grid.upgrades)
     theirs = select(
         CrcrResult.upstream_repo,
         CrcrResult.head_sha,
@@ -91,7 +92,13 @@ def grid(session: Session, page: int = 1, per_page: int = 50) -> Grid:
     ]
     backends = sorted({b for row in rows for b in row.cells})
     columns = sorted({c for row in rows for c in row.downstream})
-    return Grid(backends=backends, rows=rows, pager=pager, downstream=columns)
+    return Grid(
+        backends=backends,
+        rows=rows,
+        pager=pager,
+        downstream=columns,
+        upgrades=recent_upgrades(session) if page == 1 else [],
+    )
 
 
 def _latest_cells(
@@ -103,7 +110,7 @@ def _latest_cells(
     latest = (
         select(func.max(Run.id).label("run_id"), func.count(Run.id).label("runs"))
         .join(Change, Run.change_id == Change.id)
-        .where(tuple_(Change.repository, Change.head_sha).in_(heads))
+        .where(tuple_(Change.repository, Change.head_sha).in_(heads), Change.kind != UPGRADE)
         .group_by(Change.repository, Change.head_sha, Run.backend)
         .subquery()
     )

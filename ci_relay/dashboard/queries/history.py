@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from sqlalchemy import (
     func,
     select,
@@ -9,8 +11,10 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from ci_relay.dashboard.queries.common import _clamp, _count_of
+from ci_relay.dashboard.suggestions import SuggestPolicy, suggest_for_variant
 from ci_relay.dashboard.views import (
     HistoryEntry,
+    SuggestionView,
     TestHistory,
 )
 from ci_relay.execution.outcomes import BAD_OUTCOMES
@@ -20,6 +24,8 @@ from ci_relay.store.models import (
     Shard,
     TestResult,
 )
+
+SUGGEST_WINDOW = timedelta(days=7)  # the default window of `ci-relay specs suggest`
 
 
 def history(
@@ -96,6 +102,12 @@ def history(
         entries=entries,
         pager=pager,
         durations=[(r.run_id, float(r.duration), r.outcome) for r in reversed(recent)],
+        suggestions=[
+            SuggestionView(backend, found.action, found.reason, found.runs)
+            for backend, found in suggest_for_variant(
+                session, nodeid, SuggestPolicy(since=datetime.now(UTC) - SUGGEST_WINDOW)
+            )
+        ],
     )
 
 
