@@ -32,6 +32,7 @@ extension to build.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -46,7 +47,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from test_selection.inventory import parse_test_file  # noqa: E402
 from test_selection.upgrade import plan_upgrade  # noqa: E402
+from test_selection.variants import match_variants  # noqa: E402
 
 BAD = {"failed", "error"}
 
@@ -84,28 +87,53 @@ def build_extension(tree: Path, python: str) -> None:
     )
 
 
-def generic(classname: str, name: str) -> str:
-    """A junit test case as ``file::Class::test`` (parametrization and device folded)."""
+def junit_id(classname: str, name: str) -> str:
+    """A junit test case as a pytest node id (``file::Class::name[param]``)."""
     parts = classname.split(".")
     # the module path ends where a capitalised class name starts (pytest's convention)
     split = next((i for i, p in enumerate(parts) if p[:1].isupper()), len(parts))
     file = "/".join(parts[:split]) + ".py"
     cls = ".".join(parts[split:])
-    base = re.sub(r"\[.*\]$", "", name)
-    return f"{file}::{cls}::{base}" if cls else f"{file}::{base}"
+    return f"{file}::{cls}::{name}" if cls else f"{file}::{name}"
+
+
+def generic_tests(tree: Path, files: list[str]) -> list[str]:
+    """The generic tests of the files, read with ast (what specs and the upgrade name)."""
+    out: list[str] = []
+    for file in files:
+        path = tree / file
+        if path.is_file():
+            parsed = parse_test_file(file, "", path.read_bytes())
+            out += [t.id.nodeid for t in parsed.tests]
+    return out
 
 
 def run_universe(
     tree: Path, files: list[str], python: str, import_tree: bool, timeout: float
 ) -> tuple[dict[str, str], float]:
     """Every test's folded outcome at this tree, and the wall time of the run."""
-    junit = tree / ".bench-junit.xml"
+    junit = tree.parent / f"{tree.name}-junit.xml"
     env_path = str(tree) if import_tree else ""
+    present = [str(tree / f) for f in files if (tree / f).is_file()]
     started = time.perf_counter()
+    # cwd outside the tree: `python -m pytest` puts the cwd on sys.path, and a tree whose
+    # package must not be imported (the sample's stand-in torch/) would shadow the real one
     proc = subprocess.run(
-        [python, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "--junitxml", str(junit)],
-        cwd=tree,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": env_path, "HOME": str(tree)},
+        [
+            python,
+            "-m",
+            "pytest",
+            *present,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tree),
+            "--junitxml",
+            str(junit),
+        ],
+        cwd=tree.parent,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": env_path, "HOME": str(tree.parent)},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -116,9 +144,14 @@ def run_universe(
         raise SystemExit(
             f"pytest wrote no junit at {tree}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
         )
+    cases = list(ET.parse(junit).getroot().iter("testcase"))
+    ids = [
+        junit_id(c.get("classname", ""), re.sub(r"\[.*\]$", "", c.get("name", ""))) for c in cases
+    ]
+    owners = {v: g for g, vs in match_variants(generic_tests(tree, files), ids).items() for v in vs}
     outcomes: dict[str, str] = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        test = generic(case.get("classname", ""), case.get("name", ""))
+    for case, nodeid in zip(cases, ids, strict=True):
+        test = owners.get(nodeid, nodeid)
         if case.find("failure") is not None or case.find("error") is not None:
             outcome = "failed"
         elif case.find("skipped") is not None:
@@ -153,6 +186,12 @@ def main() -> None:
     parser.add_argument("--wide", type=int, default=1000, help="commits of the timing range")
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--sample", action="store_true", help="the sample upstream instead")
+    parser.add_argument(
+        "--outcomes",
+        type=Path,
+        help="a JSON file: read the two sides' outcomes from it when it exists (no test run), "
+        "else write them there after running",
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-upgrade-") as scratch_name:
@@ -191,7 +230,13 @@ def main() -> None:
 
         outcomes: dict[str, dict[str, str]] = {}
         seconds: dict[str, float] = {}
+        if args.outcomes is not None and args.outcomes.exists():
+            saved = json.loads(args.outcomes.read_text())
+            outcomes, seconds = saved["outcomes"], saved["seconds"]
+            print(f"outcomes read from {args.outcomes} (runs of {saved['base']}..{saved['head']})")
         for side, rev in (("A", base_sha), ("B", head_sha)):
+            if side in outcomes:
+                continue
             with worktree(repo, rev, scratch) as tree:
                 build_extension(tree, args.python)
                 print(f"running the whole universe at {side} ({len(files)} files)…", flush=True)
@@ -200,6 +245,12 @@ def main() -> None:
                 )
                 print(f"  {len(outcomes[side])} tests in {seconds[side]:.0f} s", flush=True)
 
+        if args.outcomes is not None and not args.outcomes.exists():
+            args.outcomes.write_text(
+                json.dumps(
+                    {"base": base_sha, "head": head_sha, "outcomes": outcomes, "seconds": seconds}
+                )
+            )
         at_a, at_b = outcomes["A"], outcomes["B"]
         changed = {t for t, o in at_b.items() if at_a.get(t) != o}
 

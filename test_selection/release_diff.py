@@ -28,7 +28,6 @@ from typing import Any, Literal
 
 from test_selection.change_analysis import ChangeAnalysis, analyze
 from test_selection.git import Repo
-from test_selection.inventory import parse_test_file
 from test_selection.types import TestId
 
 ChangeKind = Literal["added", "removed", "renamed", "moved", "body", "dependencies"]
@@ -144,15 +143,16 @@ def _body_digest(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
 def _read_side(repo: Repo, rev: str, files: list[str]) -> _Side:
     side = _Side()
     listing = repo.ls_tree(rev)
+    top_level = {path.split("/", 1)[0].removesuffix(".py") for path in listing}
     present = [f for f in files if f in listing]
     blobs = repo.read_blobs([listing[f] for f in present])
     for path in present:
         source = blobs[listing[path]]
-        parsed = parse_test_file(path, listing[path], source)
-        if parsed.syntax_error:
-            side.unparsable[path] = parsed.syntax_error
+        try:
+            tree = ast.parse(source, filename=path)
+        except (SyntaxError, ValueError) as exc:
+            side.unparsable[path] = f"{type(exc).__name__}: {exc}"
             continue
-        tree = ast.parse(source, filename=path)
         functions: dict[tuple[str | None, str], ast.FunctionDef | ast.AsyncFunctionDef] = {}
         for node in tree.body:
             if isinstance(node, ast.ClassDef):
@@ -185,14 +185,63 @@ def _read_side(repo: Repo, rev: str, files: list[str]) -> _Side:
                 "test"
             ):
                 functions[(None, node.name)] = node
-        references = {t.id: set(t.references) for t in parsed.tests}
+        external = _external_names(tree, top_level)
+        module_vars = _module_variables(tree, external)
         for (cls, name), fn in functions.items():
             test = TestId(path, cls, name)
             side.bodies[test] = _body_digest(fn)
-            side.references[test] = references.get(test, set())
+            refs = _references(fn, external)
+            for var in list(refs):  # @ops(_binary_ops): the names the list is built from
+                refs |= module_vars.get(var, set())
+            side.references[test] = refs
             if any(_decorator_name(d) == "ops" for d in fn.decorator_list):
                 side.decorated_ops.add(test)
     return side
+
+
+def _external_names(tree: ast.Module, top_level: set[str]) -> set[str]:
+    """Names a test file binds to modules from outside the repository (``pytest``, ``np``):
+    ``pytest.mark.parametrize`` says nothing about a changed method named ``mark``."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] not in top_level:
+                    out.add(alias.asname or alias.name.split(".")[0])
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and not node.level
+            and node.module.split(".")[0] not in top_level
+        ):
+            out.update(alias.asname or alias.name for alias in node.names)
+    return out
+
+
+def _references(node: ast.AST, external: set[str]) -> set[str]:
+    """The names a test uses: identifiers, and attributes of anything but an external
+    module (``td.clone()`` counts ``clone``; ``pytest.mark`` counts nothing)."""
+    out: set[str] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            out.add(sub.id)
+        elif isinstance(sub, ast.Attribute):
+            root: ast.expr = sub
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if not (isinstance(root, ast.Name) and root.id in external):
+                out.add(sub.attr)
+    return out - external
+
+
+def _module_variables(tree: ast.Module, external: set[str]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    out[target.id] = _references(node.value, external)
+    return out
 
 
 def _decorator_name(node: ast.expr) -> str:
