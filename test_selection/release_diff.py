@@ -26,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from test_selection.change_analysis import ChangeAnalysis, analyze
+from test_selection.change_analysis import ChangeAnalysis, _defs, analyze
 from test_selection.git import Repo
 from test_selection.types import TestId
 
@@ -126,6 +126,7 @@ class _Side:
     class_parts: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     bases: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     unparsable: dict[str, str] = field(default_factory=dict)
+    imported: set[str] = field(default_factory=set)  # top-level modules the files import
 
 
 def _digest(node: ast.AST) -> str:
@@ -186,6 +187,7 @@ def _read_side(repo: Repo, rev: str, files: list[str]) -> _Side:
             ):
                 functions[(None, node.name)] = node
         external = _external_names(tree, top_level)
+        side.imported |= _imported_top_level(tree)
         module_vars = _module_variables(tree, external)
         for (cls, name), fn in functions.items():
             test = TestId(path, cls, name)
@@ -215,6 +217,16 @@ def _external_names(tree: ast.Module, top_level: set[str]) -> set[str]:
             and node.module.split(".")[0] not in top_level
         ):
             out.update(alias.asname or alias.name for alias in node.names)
+    return out
+
+
+def _imported_top_level(tree: ast.Module) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module.split(".")[0])
     return out
 
 
@@ -324,15 +336,87 @@ def _op_changes(
 # --- the diff --------------------------------------------------------------------------
 
 
-def _changed_elsewhere(analysis: ChangeAnalysis) -> dict[str, list[str]]:
-    """Bare name -> where it changed, for every non-test def, class or assignment."""
-    where: dict[str, list[str]] = defaultdict(list)
+def _without_docstrings(source: bytes | None, path: str) -> dict[str, str]:
+    """Qualified name -> AST dump of every def, class and assignment, docstrings left out."""
+    if source is None:
+        return {}
+    try:
+        tree = ast.parse(source, filename=path)
+    except (SyntaxError, ValueError):
+        return {}
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
+    return _defs(ast.unparse(tree).encode(), path)[0]
+
+
+def _cosmetic(repo: Repo, analysis: ChangeAnalysis) -> set[str]:
+    """Changed symbols (``path:qualified``) whose change cannot alter behaviour: a docstring
+    edit, or code that left one module and arrived in another (with at most its docstring
+    edited), which both files otherwise show as changed."""
+    old: dict[str, dict[str, str]] = {}
+    new: dict[str, dict[str, str]] = {}
+    for change in analysis.files:
+        if not change.path.endswith(".py") or change.binary:
+            continue
+        old_path = change.old_path or change.path
+        if change.status != "A":
+            old[change.path] = _without_docstrings(repo.show(analysis.base, old_path), old_path)
+        if change.status != "D":
+            new[change.path] = _without_docstrings(
+                repo.show(analysis.head, change.path), change.path
+            )
+    before: dict[str, set[str]] = defaultdict(set)
+    after: dict[str, set[str]] = defaultdict(set)
+    for defs in old.values():
+        for name, dump in defs.items():
+            before[name].add(dump)
+    for defs in new.values():
+        for name, dump in defs.items():
+            after[name].add(dump)
+    cosmetic: set[str] = set()
     for symbol in analysis.symbols:
+        path, _, name = symbol.partition(":")
+        here_old, here_new = old.get(path, {}).get(name), new.get(path, {}).get(name)
+        if here_old is not None and here_old == here_new:
+            cosmetic.add(symbol)  # only its docstring changed
+        elif here_old is None and here_new is not None and here_new in before.get(name, ()):
+            cosmetic.add(symbol)  # arrived from another module
+        elif here_new is None and here_old is not None and here_old in after.get(name, ()):
+            cosmetic.add(symbol)  # left for another module
+    return cosmetic
+
+
+def _importable(path: str, universe: list[str], imported: set[str]) -> bool:
+    """Whether the universe's tests can reach code in ``path``: a package or module they
+    import, or a helper beside them (benchmarks, docs and other folders cannot)."""
+    top = path.split("/", 1)[0].removesuffix(".py")
+    if top in imported:
+        return True
+    folders = {file.rsplit("/", 1)[0] for file in universe if "/" in file}
+    return any(path.startswith(folder + "/") for folder in folders)
+
+
+def _changed_elsewhere(
+    repo: Repo, analysis: ChangeAnalysis, universe: list[str], imported: set[str]
+) -> dict[str, list[str]]:
+    """Bare name -> where it changed, for every non-test def, class or assignment the
+    universe's tests can reach; docstring edits and code moved between modules left out."""
+    cosmetic = _cosmetic(repo, analysis) if not analysis.truncated else set()
+    where: dict[str, list[str]] = defaultdict(list)
+    for symbol in sorted(analysis.symbols):
         path, _, qualified = symbol.partition(":")
         name = qualified.rsplit(".", 1)[-1]
         if name.startswith("test") or (name.startswith("__") and name.endswith("__")):
             continue
-        if len(name) < 3:
+        if len(name) < 3 or symbol in cosmetic or not _importable(path, universe, imported):
             continue
         where[name].append(f"{path}:{qualified}")
     return where
@@ -359,7 +443,7 @@ def diff_release(
         tests_at_base=len(old.bodies),
         tests_at_head=len(new.bodies),
     )
-    elsewhere = _changed_elsewhere(analysis)
+    elsewhere = _changed_elsewhere(repo, analysis, files_at_head, old.imported | new.imported)
     changed_ops, ops_added, ops_removed, op_why = _op_changes(
         repo, base_sha, head_sha, set(elsewhere)
     )

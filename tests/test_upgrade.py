@@ -301,3 +301,31 @@ def test_patch_edits_keep_everything_else_byte_for_byte() -> None:
         patch_spec_text(text, [SpecEdit("remove_test", "b.py", "A::one")])
     with pytest.raises(PatchError, match="does not parse"):
         patch_spec_text("a: [unclosed", [])
+
+
+def test_changes_that_cannot_alter_behaviour_rerun_nothing(
+    cli: Callable[..., CliResult], tmp_path: Path, release_repo: tuple[GitRepo, str, str]
+) -> None:
+    """A docstring edit, a helper moved to another module, a benchmark the tests never
+    import: none of them puts a test in the run; a real edit of the moved helper does."""
+    repo, _a, b = release_repo
+    moved = HELPERS_B.replace("def make_input(n):", 'def make_input(n):\n    """Inputs."""')
+    c = repo.commit(
+        "cosmetic",
+        {
+            "torch_helpers.py": "from torch_more import make_input\n\n\ndef unrelated():\n"
+            "    return 1\n",
+            "torch_more.py": moved,  # make_input moved here, with a docstring added
+            "benchmarks/bench_shapes.py": "def make_input(n):\n    return n\n",
+        },
+    )
+    spec = tmp_path / "plain.yaml"
+    spec.write_text("test_suite_config:\n  files:\n    - path: ${TORCH_ROOT}/test/test_shapes.py\n")
+    quiet = cli(
+        "upgrade", "--upstream", repo.path, "--from", b, "--to", c, "--spec", spec, "--json"
+    )
+    assert json.loads(quiet.stdout)["changes"] == [], quiet.stdout
+    d = repo.commit("real", {"torch_more.py": moved.replace("float(i)", "float(i + 1)")})
+    real = cli("upgrade", "--upstream", repo.path, "--from", b, "--to", d, "--spec", spec, "--json")
+    changed = {c["test"].split("::")[-1] for c in json.loads(real.stdout)["changes"]}
+    assert changed == {"test_reshape", "test_brand_new"}, real.stdout
