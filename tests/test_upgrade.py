@@ -329,3 +329,20 @@ def test_changes_that_cannot_alter_behaviour_rerun_nothing(
     real = cli("upgrade", "--upstream", repo.path, "--from", b, "--to", d, "--spec", spec, "--json")
     changed = {c["test"].split("::")[-1] for c in json.loads(real.stdout)["changes"]}
     assert changed == {"test_reshape", "test_brand_new"}, real.stdout
+
+
+def test_a_range_too_wide_to_compare_symbols_reruns_every_remaining_test(
+    tmp_path: Path, release_repo: tuple[GitRepo, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the file limit (a vendor drop, years of history) helpers are not compared one by
+    one: every test still there counts as changed, and the note says why."""
+    from test_selection import change_analysis
+    from test_selection.upgrade import plan_upgrade
+
+    repo, a, b = release_repo
+    monkeypatch.setattr(change_analysis, "MAX_FILES", 1)
+    plan = plan_upgrade(repo.path, a, b, [_spec(tmp_path)])
+    assert any("too many to compare" in note for note in plan.diff.notes)
+    kinds = {c.test.split("::")[-1]: c.kind for c in plan.diff.changes}
+    assert kinds["test_flatten"] == "dependencies" and kinds["test_untouched"] == "dependencies"
+    assert len(plan.diff.needing_run()) == plan.diff.tests_at_head
