@@ -109,10 +109,19 @@ def generic_tests(tree: Path, files: list[str]) -> list[str]:
 
 
 def run_universe(
-    tree: Path, files: list[str], python: str, import_tree: bool, timeout: float
+    tree: Path,
+    files: list[str],
+    python: str,
+    import_tree: bool,
+    timeout: float,
+    per_test: float | None = None,
+    saved_junit: Path | None = None,
 ) -> tuple[dict[str, str], float]:
     """Every test's folded outcome at this tree, and the wall time of the run."""
-    junit = tree.parent / f"{tree.name}-junit.xml"
+    junit = saved_junit or tree.parent / f"{tree.name}-junit.xml"
+    if saved_junit is not None:
+        return fold_junit(junit, tree, files), float("nan")
+    extra = [f"--timeout={per_test:g}"] if per_test else []  # pytest-timeout autoloads
     env_path = str(tree) if import_tree else ""
     present = [str(tree / f) for f in files if (tree / f).is_file()]
     started = time.perf_counter()
@@ -131,6 +140,7 @@ def run_universe(
             str(tree),
             "--junitxml",
             str(junit),
+            *extra,
         ],
         cwd=tree.parent,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": env_path, "HOME": str(tree.parent)},
@@ -144,6 +154,11 @@ def run_universe(
         raise SystemExit(
             f"pytest wrote no junit at {tree}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
         )
+    return fold_junit(junit, tree, files), seconds
+
+
+def fold_junit(junit: Path, tree: Path, files: list[str]) -> dict[str, str]:
+    """junit test cases folded onto the generic tests (failed if any variant failed)."""
     cases = list(ET.parse(junit).getroot().iter("testcase"))
     ids = [
         junit_id(c.get("classname", ""), re.sub(r"\[.*\]$", "", c.get("name", ""))) for c in cases
@@ -162,7 +177,7 @@ def run_universe(
         if previous in BAD or (previous == "passed" and outcome == "skipped"):
             continue
         outcomes[test] = outcome
-    return outcomes, seconds
+    return outcomes
 
 
 def spec_for(files: list[str], folder: Path) -> Path:
@@ -184,7 +199,18 @@ def main() -> None:
     parser.add_argument("--files", nargs="+", default=[], help="the spec's test files")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--wide", type=int, default=1000, help="commits of the timing range")
-    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--timeout", type=float, default=3600, help="per side, seconds")
+    parser.add_argument(
+        "--per-test-timeout",
+        type=float,
+        help="end a hanging test after this many seconds (needs pytest-timeout in --python's "
+        "environment); it then counts as failed",
+    )
+    parser.add_argument(
+        "--junit-a",
+        type=Path,
+        help="A's junit XML from an earlier run of the same files (A is not run again)",
+    )
     parser.add_argument("--sample", action="store_true", help="the sample upstream instead")
     parser.add_argument(
         "--outcomes",
@@ -241,7 +267,13 @@ def main() -> None:
                 build_extension(tree, args.python)
                 print(f"running the whole universe at {side} ({len(files)} files)…", flush=True)
                 outcomes[side], seconds[side] = run_universe(
-                    tree, files, args.python, import_tree, args.timeout
+                    tree,
+                    files,
+                    args.python,
+                    import_tree,
+                    args.timeout,
+                    args.per_test_timeout,
+                    args.junit_a if side == "A" else None,
                 )
                 print(f"  {len(outcomes[side])} tests in {seconds[side]:.0f} s", flush=True)
 
