@@ -264,13 +264,20 @@ def _decorator_name(node: ast.expr) -> str:
 # --- the op database -------------------------------------------------------------------
 
 
+def _parsed(source: bytes | None, path: str) -> ast.Module | None:
+    """The module, or None when the file is absent or does not parse at this side."""
+    if source is None:
+        return None
+    try:
+        return ast.parse(source, filename=path)
+    except (SyntaxError, ValueError):
+        return None
+
+
 def _opinfo_entries(source: bytes | None, path: str) -> dict[str, tuple[str, set[str]]]:
     """OpInfo name -> (digest of its entry, names the entry refers to), for one file."""
-    if source is None:
-        return {}
-    try:
-        tree = ast.parse(source, filename=path)
-    except (SyntaxError, ValueError):
+    tree = _parsed(source, path)
+    if tree is None:
         return {}
     entries: dict[str, tuple[str, set[str]]] = {}
     for node in ast.walk(tree):
@@ -338,11 +345,8 @@ def _op_changes(
 
 def _without_docstrings(source: bytes | None, path: str) -> dict[str, str]:
     """Qualified name -> AST dump of every def, class and assignment, docstrings left out."""
-    if source is None:
-        return {}
-    try:
-        tree = ast.parse(source, filename=path)
-    except (SyntaxError, ValueError):
+    tree = _parsed(source, path)
+    if tree is None:
         return {}
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
