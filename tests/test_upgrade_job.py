@@ -169,6 +169,28 @@ def test_the_comparison_says_what_newly_fails(submitted: Submitted) -> None:
             422,
             "backends tpu do not run",
         ),
+        (  # a hyphenated name is a valid backend name; the policy decides
+            {
+                "repository": "sample/pytorch",
+                "base": "a" * 40,
+                "head": "b" * 40,
+                "backends": ["spyre-emu"],
+            },
+            None,
+            422,
+            "backends spyre-emu do not run",
+        ),
+        (
+            {
+                "repository": "sample/pytorch",
+                "base": "a" * 40,
+                "head": "b" * 40,
+                "backends": ["$(x)"],
+            },
+            None,
+            422,
+            "backends",
+        ),
         (
             {"repository": "sample/pytorch", "base": "a" * 40, "head": "b" * 40, "x": 1},
             None,

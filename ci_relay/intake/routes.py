@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Security
 from fastapi.responses import JSONResponse
@@ -52,6 +52,10 @@ log = logging.getLogger("ci_relay.intake")
 HANDLED_EVENTS = {"pull_request", "push", "check_run", "check_suite"}
 
 
+# a backend profile's name as the policy writes it (cpu, spyre, spyre-emu)
+BackendName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
+
+
 class UpgradeRequest(BaseModel):
     """``POST /api/upgrades``: test what changed between two upstream commits, at both."""
 
@@ -60,7 +64,7 @@ class UpgradeRequest(BaseModel):
     repository: RepositoryName
     base: CommitId  # A: the revision the specs are green at
     head: CommitId  # B: the revision to move to
-    backends: list[EventName] | None = Field(
+    backends: list[BackendName] | None = Field(
         default=None, max_length=16, description="default: every backend the policy names"
     )
 
