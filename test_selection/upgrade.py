@@ -17,12 +17,12 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 from reuse_specs.errors import SourceLocation, SpecErrors
 from reuse_specs.loader import FileRules, LoadedSpec, load_specs
+from reuse_specs.matching import TestVariant, find_rule
 from reuse_specs.spec_patch import PatchError, SpecEdit, patch_spec_text
 from reuse_specs.upstream_check import SpecDrift, find_drift
 from test_selection.git import GitError, Repo
@@ -127,14 +127,7 @@ def _relative(spec: LoadedSpec, tree: Path) -> list[str]:
 
 
 def _listed(entry: FileRules, test: TestId) -> bool:
-    for rule in entry.rules:
-        for pattern in rule.names:
-            cls, method = pattern.class_part, pattern.method_part
-            if cls is not None and (test.cls is None or not fnmatchcase(test.cls, cls)):
-                continue
-            if fnmatchcase(test.name, method):
-                return True
-    return False
+    return find_rule(entry, TestVariant(Path(test.file), test.cls, test.name)) is not None
 
 
 def _name_for(listed: str, new_id: TestId) -> str:

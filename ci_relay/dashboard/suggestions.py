@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import Literal
 
 from sqlalchemy import select
@@ -21,6 +22,7 @@ from sqlalchemy.orm import Session
 from ci_relay.execution.outcomes import BAD_OUTCOMES
 from ci_relay.store.models import Change, Run, RunState, Selection, Shard, TestResult
 from reuse_specs.loader import FileRules, LoadedSpec
+from reuse_specs.matching import TestVariant, find_rule
 from reuse_specs.spec_patch import SpecEdit
 from test_selection.variants import match_variants
 
@@ -43,7 +45,6 @@ class Suggestion:
     action: Action
     reason: str  # one line, written as the spec line's comment
     runs: int
-    variants: tuple[str, ...] = ()  # the executed node ids behind it
 
 
 @dataclass
@@ -54,7 +55,6 @@ class _Seen:
     flaky: int = 0
     quiet: bool = False  # the spec already expects it to fail or skips it
     last_error: str = ""
-    variants: set[str] = field(default_factory=set)
 
 
 def suggest(
@@ -93,7 +93,7 @@ def suggest(
     seen: dict[str, _Seen] = defaultdict(_Seen)
     for row in rows:
         test = owner.get(row.nodeid, row.nodeid)
-        _add(seen[test], row.nodeid, row.run_id, row.outcome, row.mode, row.message)
+        _add(seen[test], row.run_id, row.outcome, row.mode, row.message)
     return [s for test, item in sorted(seen.items()) if (s := _judge(test, item, policy))]
 
 
@@ -110,7 +110,7 @@ def suggest_for_variant(
     ).all()
     per_backend: dict[str, _Seen] = defaultdict(_Seen)
     for row in rows:
-        _add(per_backend[row.backend], nodeid, row.run_id, row.outcome, row.mode, row.message)
+        _add(per_backend[row.backend], row.run_id, row.outcome, row.mode, row.message)
     return [
         (backend, found)
         for backend, item in sorted(per_backend.items())
@@ -118,14 +118,11 @@ def suggest_for_variant(
     ]
 
 
-def _add(
-    item: _Seen, nodeid: str, run_id: int, outcome: str, mode: str | None, message: str | None
-) -> None:
+def _add(item: _Seen, run_id: int, outcome: str, mode: str | None, message: str | None) -> None:
     if outcome == "skipped":
         return
     item.runs.add(run_id)
     item.results += 1
-    item.variants.add(nodeid)
     item.quiet |= (mode or "") in QUIET_MODES
     if outcome == "flaky":
         item.flaky += 1
@@ -137,18 +134,17 @@ def _add(
 def _judge(test: str, item: _Seen, policy: SuggestPolicy) -> Suggestion | None:
     if item.quiet or len(item.runs) < policy.min_runs:
         return None
-    variants = tuple(sorted(item.variants))
     since = policy.since.date().isoformat()
     if item.failing_runs == item.runs:
         reason = f"failed in all {len(item.runs)} runs since {since}: {item.last_error}"
-        return Suggestion(test, "xfail", reason, len(item.runs), variants)
+        return Suggestion(test, "xfail", reason, len(item.runs))
     rate = item.flaky / item.results if item.results else 0.0
     if rate >= policy.flake_rate:
         reason = (
             f"passed only on rerun in {item.flaky} of {item.results} results since {since} "
             f"({rate:.0%})"
         )
-        return Suggestion(test, policy.flake_action, reason, len(item.runs), variants)
+        return Suggestion(test, policy.flake_action, reason, len(item.runs))
     return None
 
 
@@ -164,8 +160,10 @@ def edits_for(
         if entry is None:
             uncovered.append(f"{suggestion.test}: no spec entry covers {file}")
             continue
-        exact = [r for r in entry.rules if any(p.text == name for p in r.names)]
-        current = exact[0].entry.mode if exact else _effective_mode(entry, name)
+        cls, _, method = name.rpartition("::")
+        found = find_rule(entry, TestVariant(Path(file), cls or None, method))
+        current = found[0].entry.mode if found else entry.unlisted_test_mode
+        exact = found if found is not None and not found[1].is_glob else None
         if suggestion.action == "tag":
             if exact:
                 uncovered.append(f"{suggestion.test}: listed already; add the tag by hand")
@@ -184,27 +182,25 @@ def edits_for(
             continue
         mode = "xfail" if suggestion.action == "xfail" else "skip"
         if exact and len(exact[0].names) == 1:
+            listed = exact[1].text
             edits.append(
-                SpecEdit("set_mode", entry.raw_path, name, mode, suggestion.reason, entry.source)
+                SpecEdit("set_mode", entry.raw_path, listed, mode, suggestion.reason, entry.source)
             )
-        elif exact:
+            continue
+        if exact:
             edits.append(
                 SpecEdit(
                     "remove_test",
                     entry.raw_path,
-                    name,
+                    exact[1].text,
                     None,
                     "moved to its own entry",
                     entry.source,
                 )
             )
-            edits.append(
-                SpecEdit("add_test", entry.raw_path, name, mode, suggestion.reason, entry.source)
-            )
-        else:
-            edits.append(
-                SpecEdit("add_test", entry.raw_path, name, mode, suggestion.reason, entry.source)
-            )
+        edits.append(
+            SpecEdit("add_test", entry.raw_path, name, mode, suggestion.reason, entry.source)
+        )
     return edits, uncovered
 
 
@@ -214,14 +210,3 @@ def _covers(entry: FileRules, file: str) -> bool:
         if raw.startswith(prefix):
             raw = raw[len(prefix) :]
     return fnmatchcase(file, raw)
-
-
-def _effective_mode(entry: FileRules, name: str) -> str:
-    cls, _, method = name.rpartition("::")
-    for rule in entry.rules:
-        for pattern in rule.names:
-            if pattern.class_part is not None and not fnmatchcase(cls, pattern.class_part):
-                continue
-            if fnmatchcase(method, pattern.method_part):
-                return str(rule.entry.mode)
-    return str(entry.unlisted_test_mode)
