@@ -312,21 +312,16 @@ def _op_database(repo: Repo, rev: str, files: list[str]) -> dict[str, tuple[str,
     return entries
 
 
-def _known_ops(repo: Repo, rev: str) -> set[str]:
-    """Every op name the tree's OpInfo database defines (empty: it has none)."""
-    files = [path for path in repo.ls_tree(rev) if OPINFO_FILES.match(path)]
-    return {name.split(".")[0] for name in _op_database(repo, rev, files)}
-
-
 def _op_changes(
     repo: Repo, base: str, head: str, changed_names: set[str]
-) -> tuple[set[str], set[str], set[str], dict[str, str]]:
-    """Ops whose entries changed, appeared and vanished, and why each changed."""
+) -> tuple[set[str], set[str], set[str], dict[str, str], set[str]]:
+    """Ops whose entries changed, appeared and vanished, why each changed, and every op name
+    the head's OpInfo database defines (empty: the tree has none)."""
     files = sorted(
         {path for rev in (base, head) for path in repo.ls_tree(rev) if OPINFO_FILES.match(path)}
     )
     if not files:
-        return set(), set(), set(), {}
+        return set(), set(), set(), {}, set()
     before, after = _op_database(repo, base, files), _op_database(repo, head, files)
     why: dict[str, str] = {}
     for op in before.keys() & after.keys():
@@ -337,7 +332,7 @@ def _op_changes(
         if helpers:
             why[op] = f"its OpInfo entry uses {', '.join(helpers[:3])}, changed"
     added, removed = set(after) - set(before), set(before) - set(after)
-    return set(why), added, removed, why
+    return set(why), added, removed, why, {name.split(".")[0] for name in after}
 
 
 # --- the diff --------------------------------------------------------------------------
@@ -448,10 +443,9 @@ def diff_release(
         tests_at_head=len(new.bodies),
     )
     elsewhere = _changed_elsewhere(repo, analysis, files_at_head, old.imported | new.imported)
-    changed_ops, ops_added, ops_removed, op_why = _op_changes(
+    changed_ops, ops_added, ops_removed, op_why, known = _op_changes(
         repo, base_sha, head_sha, set(elsewhere)
     )
-    known = _known_ops(repo, head_sha)
     for op in analysis.ops:  # _refs, decompositions, native_functions.yaml
         if known and op not in known and op.split(".")[0] not in known:
             continue  # a helper's name in _refs or _decomp, not an op the tests know

@@ -54,14 +54,12 @@ def select_tests(rt: RelayContext, run_id: int, stale_after: timedelta) -> list[
             ]
         head, base, backend = run.change.head_sha, run.change.base_sha, run.backend
         repository = run.change.repository
+        upgrade = run.change.kind == "upgrade"  # a release upgrade's side: its fixed list
         fixed: dict[str, Any] | None = None
-        if run.change.kind == "upgrade":  # a release upgrade's side: its fixed list
+        if upgrade:
             job, side = _upgrade_of(session, run.change_id)
             if job is not None:
                 fixed = upgrade_plan_json(job.plan, side, rt.settings.shards_per_run)
-            upgrade = True
-        else:
-            upgrade = False
     if upgrade:
         if fixed is None:
             return _run_failed(rt, run_id, "selection failed: its upgrade job is gone")
