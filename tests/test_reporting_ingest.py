@@ -331,3 +331,54 @@ def test_migrations_match_the_models_and_go_down_and_up(database_url: str, tmp_p
             assert s.scalar(select(func.count()).select_from(CrcrResult)) == 0
     finally:
         rt.db.dispose()
+
+
+def _hud_minimal() -> dict[str, Any]:
+    """A completed body as lean as HUD's own handler takes it: no ``total``, ``url``,
+    ``run_id``, ``conclusion``, timestamps or ``ci_metrics``; a text check run id; fields
+    this relay does not know."""
+    body = completed()
+    del body["trusted"]["ci_metrics"]
+    body["trusted"]["relay_version"] = "9.9"  # unknown fields are ignored
+    wf = body["untrusted"]["callback_payload"]["workflow"]
+    for key in ("url", "run_id", "conclusion", "started_at", "completed_at"):
+        wf.pop(key, None)
+    del wf["test_results"]["total"]
+    wf["check_run_id"] = "check-77"
+    wf["runner"] = {"label": "linux.spyre.1"}
+    return body
+
+
+def test_ingest_accepts_what_hud_accepts(server: Server) -> None:
+    response = server.post(_hud_minimal())
+    assert response.status_code == 201, response.text
+    assert response.json()["key"].endswith("/widget-ci/test (widget)/check-77")
+    (row,) = server.rows()
+    assert row.status == "completed" and row.conclusion is None
+    assert row.summary["test_results"]["total"] == 13  # passed + failed + skipped, as HUD adds
+    assert row.summary["run_id"] is None and row.summary["url"] is None
+    assert json.loads(row.body)["trusted"]["relay_version"] == "9.9"  # kept as received
+    listed = httpx.get(f"{server.url}/api/crcr/results", timeout=30).json()
+    assert listed[0]["check_run_id"] == "check-77"
+
+
+@pytest.mark.parametrize("missing", ["job_name", "check_run_id"])
+def test_ingest_still_requires_what_hud_requires(server: Server, missing: str) -> None:
+    body = _hud_minimal()
+    del body["untrusted"]["callback_payload"]["workflow"][missing]
+    response = server.post(body)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == (
+        f"field untrusted.callback_payload.workflow.{missing}: Field required"
+    )
+    assert server.rows() == []
+
+
+def test_a_given_total_is_kept_and_a_string_run_id_is_an_id(server: Server) -> None:
+    body = completed()
+    wf = body["untrusted"]["callback_payload"]["workflow"]
+    wf["run_id"] = "run-abc"
+    wf["test_results"]["total"] = 20  # HUD keeps what the sender counted
+    assert server.post(body).status_code == 201
+    (row,) = server.rows()
+    assert row.summary["run_id"] == "run-abc" and row.summary["test_results"]["total"] == 20

@@ -2,7 +2,9 @@
 
 Checks in the order that costs least for a bad caller: the ``x-hud-internal-bot`` token
 (constant-time; 401), the 2 MiB limit counted on the streamed body (413), JSON and the
-HUD schema (422 naming the field). Accepted bodies are upserted on HUD's key.
+HUD schema as HUD's own handler reads it (422 naming the field: ``total``, ``url``,
+``run_id``, ``conclusion``, timestamps and ``ci_metrics`` may be absent, ids may be numbers or
+text, unknown fields are kept but not read). Accepted bodies are upserted on HUD's key.
 ``GET /api/crcr/results`` lists them for the dashboard.
 """
 
@@ -30,7 +32,7 @@ from ci_relay.audit import AuditLog
 from ci_relay.context import RelayContext
 from ci_relay.dashboard import results_store
 from ci_relay.reporting.hud import TOKEN_HEADER
-from ci_relay.reporting.wire import MAX_ACCEPT_BYTES, HudBody
+from ci_relay.reporting.wire import MAX_ACCEPT_BYTES, IngestBody
 from ci_relay.request_body import BodyTooLarge, parse_json, read_body_at_most
 
 log = logging.getLogger("ci_relay.dashboard.ingest")
@@ -62,7 +64,7 @@ def make_router(rt: RelayContext, audit_log: AuditLog) -> APIRouter:
             **errors(401, 413, 422),
         },
         openapi_extra={
-            **json_body(HudBody.model_json_schema(), "a result in HUD's ingestion format"),
+            **json_body(IngestBody.model_json_schema(), "a result in HUD's ingestion format"),
         },
         dependencies=[Security(HUD_AUTH)],
     )
@@ -87,7 +89,7 @@ def make_router(rt: RelayContext, audit_log: AuditLog) -> APIRouter:
         except ValueError as exc:  # bad UTF-8 or syntax, giant ints, nesting, surrogates
             return await reject(request, 422, f"body is not JSON: {exc}")
         try:
-            body = HudBody.model_validate(data)
+            body = IngestBody.model_validate(data)
         except ValidationError as exc:
             first = exc.errors()[0]
             return await reject(request, 422, f"field {_field(dict(first))}: {first['msg']}")

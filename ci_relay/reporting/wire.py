@@ -143,6 +143,8 @@ class TriageVerdict(_Open):
     category: Literal["upstream", "backend", "infra", "flake", "unknown"]
     confidence: Literal["high", "medium", "low"]
     summary: Summary
+    # the upstream commit (or PR) the analyzer blames, as test-infra#8673 proposes
+    suspected_upstream: str | None = Field(default=None, max_length=128, pattern=STORABLE)
     evidence: list[Evidence] = Field(default_factory=list, max_length=MAX_EVIDENCE)
     analyzer: Analyzer
 
@@ -238,3 +240,50 @@ class HudBody(_Open):
             workflow.job_name,
             str(workflow.check_run_id),
         )
+
+
+# What HUD's own handler accepts is looser than what we send: the models below are the
+# ingest's reading of a body (``POST /api/crcr/results``), the ones above what we render.
+
+
+class IngestCounts(TestCounts):
+    """HUD adds passed + failed + skipped when ``total`` is absent."""
+
+    total: Count | None = None  # type: ignore[assignment]
+
+    @model_validator(mode="after")
+    def _total(self) -> IngestCounts:
+        if self.total is None:
+            self.total = self.passed + self.failed + self.skipped
+        return self
+
+
+class IngestWorkflow(Workflow):
+    """Only ``job_name`` and ``check_run_id`` (and the key's ``name``) are required."""
+
+    run_id: Identifier | None = None  # type: ignore[assignment]
+    test_results: IngestCounts | None = None
+
+    @model_validator(mode="after")
+    def _completed_has_a_conclusion(self) -> IngestWorkflow:
+        return self  # HUD keeps a completed result without a conclusion
+
+
+class IngestCallback(CallbackPayload):
+    payload: dict[str, Any] = Field(default_factory=dict)
+    workflow: IngestWorkflow
+
+
+class IngestTrusted(Trusted):
+    ci_metrics: CiMetrics = Field(default_factory=lambda: CiMetrics())
+
+
+class IngestUntrusted(Untrusted):
+    callback_payload: IngestCallback
+
+
+class IngestBody(HudBody):
+    """A HUD body as HUD's handler reads it (see DESIGN: the optional fields)."""
+
+    trusted: IngestTrusted
+    untrusted: IngestUntrusted
