@@ -118,6 +118,26 @@ class UpstreamMirror:
         except CheckoutError:
             return None
 
+    def commits_between(self, base: str, head: str) -> list[str]:
+        """The first-parent commits after ``base`` up to ``head``, oldest first (a range to
+        bisect); both must be in the mirror."""
+        base, head = _checked(base), _checked(head)
+        out = _git(
+            self.path,
+            "rev-list",
+            "--first-parent",
+            "--reverse",
+            "--end-of-options",
+            f"{base}..{head}",
+        )
+        return out.split()
+
+    def changed_files(self, base: str, head: str) -> list[str]:
+        """Paths that differ between two commits in the mirror."""
+        base, head = _checked(base), _checked(head)
+        out = _git(self.path, "diff", "--name-only", "--no-renames", base, head, "--")
+        return out.splitlines()
+
     @contextmanager
     def tree(self, sha: str, paths: Sequence[str] | None = None) -> Iterator[Path]:
         """The files at ``sha`` in a fresh folder, removed afterwards.

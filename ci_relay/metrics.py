@@ -37,3 +37,21 @@ class Metrics:
             registry=self.registry,
         )
         self.runs = Gauge("ci_relay_runs", "Runs by state", ["state"], registry=self.registry)
+        self.promotion = Gauge(
+            "ci_relay_promotion_figure",
+            "CRCR's L3 promotion figures over the health window (seconds or a ratio)",
+            ["backend", "figure"],
+            registry=self.registry,
+        )
+        self.promotion_threshold = Gauge(
+            "ci_relay_promotion_threshold",
+            "The L3 bar each promotion figure is judged against",
+            ["figure"],
+            registry=self.registry,
+        )
+        self.promotion_met = Gauge(
+            "ci_relay_promotion_met",
+            "1 when a backend's figure meets the L3 bar, 0 when not (absent: no data)",
+            ["backend", "figure"],
+            registry=self.registry,
+        )

@@ -98,6 +98,29 @@ class Settings(BaseSettings):
     report_retry_max_seconds: float = Field(default=3600.0, gt=0)
     report_timeout_seconds: float = Field(default=30.0, gt=0)
 
+    # Triage (ci_relay.triage): whose fault a run's failures are, after the run reported
+    triage_max_tests: int = Field(
+        default=10, ge=0, description="failing tests triaged per run (0: no triage)"
+    )
+    triage_bisect_steps: int = Field(
+        default=6, ge=0, description="runs a bisection of a longer range may take per test"
+    )
+    triage_agent: Literal["template", "llm"] = Field(
+        default="template", description="who writes a verdict's summary (llm: llm_url, llm_model)"
+    )
+    # Nightly (ci_relay.nightly): the upstream branch head tested once a day
+    nightly_at: str | None = Field(
+        default=None, pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$", description="HH:MM UTC; off"
+    )
+    nightly_repository: str | None = Field(
+        default=None, description="the upstream repository as the policy names it"
+    )
+    nightly_branch: str = Field(default="main", pattern=r"^[A-Za-z0-9._/-]{1,200}$")
+    nightly_scope: Literal["range", "all"] = Field(
+        default="range", description="range: tests the commits since the last nightly touch"
+    )
+    health_window_days: int = Field(default=14, ge=1, le=365)
+
     @model_validator(mode="after")
     def _reports_are_complete(self) -> Settings:
         """Refuse half-configured reporters at start-up rather than at the first report."""

@@ -23,7 +23,7 @@ from ci_relay.store.models import Delivery, utcnow
 class Next:
     """A task to enqueue after the step's transaction committed."""
 
-    task: str  # process | upgrade | select | execute | collect | report
+    task: str  # process | upgrade | select | execute | collect | report | triage
     arg: int
     backend: str | None = None
 

@@ -11,7 +11,6 @@ agent's ranking is used and the plan says so.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import threading
@@ -20,19 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
-from pydantic import BaseModel, Field, ValidationError
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from pydantic import BaseModel, Field
 
 from test_selection.change_analysis import ChangeAnalysis
+from test_selection.chat_client import ChatFailed, ask_json
 from test_selection.inventory import Inventory
 from test_selection.types import Evidence, Scored, TestId
 
 log = logging.getLogger("test_selection.agents")
 
-# what a failed call to the model looks like: the network, an HTTP error, or an answer that is
-# not the JSON we asked for; each is retried, then the agent falls back to the local ranking
-_ANSWER_FAILURES = (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError, ValidationError)
 STAGE = "agent"
 EMBEDDINGS_FORMAT = 2  # 2: one store keyed by text digest (1 was one file per tree)
 
@@ -233,42 +228,16 @@ class LLMAgent:
         return f"Change {change.base[:12]}..{change.head[:12]}:\n{diff}\n\nTests:\n{listing}"
 
     def _ask(self, prompt: str) -> _Answer:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        body = {
-            "model": self.model,
-            "temperature": 0,
-            "response_format": {"type": "json_object"},
-            "messages": [
-                {"role": "system", "content": self.SYSTEM},
-                {"role": "user", "content": prompt},
-            ],
-        }
-        attempts = Retrying(
-            retry=retry_if_exception_type(_ANSWER_FAILURES),
-            stop=stop_after_attempt(self.retries + 1),
-            wait=wait_exponential(multiplier=0.2, max=2.0),
-            before_sleep=lambda state: log.warning(
-                "llm agent attempt %d failed: %s",
-                state.attempt_number,
-                state.outcome.exception() if state.outcome else "?",
-            ),
-            reraise=True,
+        return ask_json(
+            self.url,
+            self.model,
+            self.api_key,
+            self.SYSTEM,
+            prompt,
+            _Answer,
+            timeout=self.timeout,
+            retries=self.retries,
         )
-        try:
-            for attempt in attempts:
-                with attempt:
-                    response = httpx.post(
-                        f"{self.url}/chat/completions",
-                        json=body,
-                        headers=headers,
-                        timeout=self.timeout,
-                    )
-                    response.raise_for_status()
-                    content = response.json()["choices"][0]["message"]["content"]
-                    return _Answer.model_validate(json.loads(content))
-        except _ANSWER_FAILURES as exc:
-            raise RuntimeError(f"{type(exc).__name__}: {str(exc)[:200]}") from None
-        raise AssertionError("unreachable")  # the loop returns or raises
 
     def review(
         self, change: ChangeAnalysis, scored: dict[TestId, Scored], inventory: Inventory
@@ -279,7 +248,7 @@ class LLMAgent:
             return Review(self.name, base.notes)
         try:
             answer = self._ask(self._prompt(change, ranked, inventory))
-        except RuntimeError as exc:
+        except ChatFailed as exc:
             return Review(
                 base.agent,
                 [*base.notes, f"llm agent failed ({exc}); used the {base.agent} agent's ranking"],

@@ -104,13 +104,23 @@ def relay(database_url: str, tmp_path: Path) -> Iterator[Relay]:
     rt.db.dispose()
 
 
-def upstream_context(tmp_path: Path, upstream: Path, spec: str, **extra: object) -> RelayContext:
-    """A relay on SQLite that tests ``upstream`` (one cpu L2 backend for sample/pytorch)
-    under ``spec``, every test the spec allows, no agent; its database is migrated."""
+def upstream_context(
+    tmp_path: Path,
+    upstream: Path,
+    spec: str,
+    backends: tuple[str, ...] = ("cpu",),
+    **extra: object,
+) -> RelayContext:
+    """A relay on SQLite that tests ``upstream`` (L2 ``backends``, cpu by default, for
+    sample/pytorch) under ``spec``, every test the spec allows, no agent; its database is
+    migrated."""
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(spec)
     policy = tmp_path / "policy.yaml"
-    policy.write_text("repositories:\n  sample/pytorch:\n    backends:\n      cpu: {level: L2}\n")
+    policy.write_text(
+        "repositories:\n  sample/pytorch:\n    backends:\n"
+        + "".join(f"      {b}: {{level: L2}}\n" for b in backends)
+    )
     rt = RelayContext(
         Settings(
             database_url=f"sqlite:///{tmp_path / 'relay.db'}",
@@ -174,3 +184,5 @@ def drain(rt: RelayContext, steps: list[Next]) -> None:
             steps += pipeline.execute_shard(rt, step.arg, stale)
         elif step.task == "collect":
             steps += pipeline.collect(rt, step.arg)
+        elif step.task == "triage":
+            steps += pipeline.triage_run(rt, step.arg, stale)

@@ -25,11 +25,11 @@ from ci_relay.dashboard.status import ordered_counts, pass_rate, run_status
 from ci_relay.store.models import (
     Change,
     Delivery,
-    OutboxMessage,
     Run,
     Selection,
     Shard,
     TestResult,
+    Triage,
 )
 from tests.relay_fixtures import Relay
 
@@ -411,18 +411,16 @@ def test_commit_page_lists_every_run_shard_and_failure(relay: Relay, store: Stor
     )
     store.run(change, "spyre", results=[("test/t.py::TestTSPYRE::test_ok_spyre", "passed", None)])
     store.session.execute(
-        insert(OutboxMessage).values(
+        insert(Triage).values(
             run_id=failing.id,
-            target="crcr",
-            payload={
-                "workflow": {
-                    "triage_verdict": {
-                        "category": "upstream",
-                        "confidence": "high",
-                        "summary": "floor_divide expectation is wrong upstream",
-                    }
-                }
+            state="done",
+            verdict={
+                "category": "upstream",
+                "confidence": "high",
+                "summary": "floor_divide expectation is wrong upstream",
             },
+            tests=[],
+            device_seconds=1.5,
         )
     )
     store.session.commit()

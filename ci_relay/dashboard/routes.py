@@ -238,4 +238,17 @@ def make_router(rt: RelayContext) -> APIRouter:
     ) -> JSONResponse:
         return JSONResponse(to_json(read(lambda s: queries.trends(s, backend or None, limit))))
 
+    # L3 readiness -----------------------------------------------------------------------------
+
+    @router.get("/health", response_class=HTMLResponse)
+    def health_html(days: int | None = Query(None, ge=1, le=365)) -> HTMLResponse:
+        window = days or rt.settings.health_window_days
+        view = read(lambda s: queries.health(s, window))
+        return page("health.html", "L3 readiness", view=view)
+
+    @router.get("/api/health", response_class=JSONResponse, responses=JSON_ANY)
+    def health_api(days: int | None = Query(None, ge=1, le=365)) -> JSONResponse:
+        window = days or rt.settings.health_window_days
+        return JSONResponse(to_json(read(lambda s: queries.health(s, window))))
+
     return router

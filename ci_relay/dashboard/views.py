@@ -69,6 +69,7 @@ class Cell:
     attempt: int
     runs: int  # how many runs (attempts) this commit has on this backend
     counts: dict[str, int]  # in reading order, zeros dropped
+    triage: str | None = None  # the triage verdict's category, or "triaging"
 
 
 @dataclass(frozen=True)
@@ -263,7 +264,10 @@ class RunInfo:
     shards: list[ShardInfo] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     failures_total: int = 0
-    triage: list[dict[str, Any]] = field(default_factory=list)
+    triage: list[dict[str, Any]] = field(default_factory=list)  # the run's verdict, once made
+    triage_state: str | None = None  # pending | running | done | failed; None: not triaged
+    triage_tests: list[dict[str, Any]] = field(default_factory=list)  # a verdict per test
+    triage_seconds: float = 0.0  # device time its checks took
 
 
 @dataclass(frozen=True)
@@ -511,3 +515,31 @@ def to_json(view: Any) -> Any:
     if isinstance(view, datetime):
         return view.isoformat()
     return view
+
+
+@dataclass(frozen=True)
+class HealthFigure:
+    """One of CRCR's L3 promotion figures for a backend, beside its threshold."""
+
+    key: str
+    name: str
+    unit: str  # seconds | ratio
+    value: float | None  # None: no run in the window measured it
+    threshold: float
+    lower_is_better: bool
+    met: bool | None
+
+
+@dataclass(frozen=True)
+class BackendHealth:
+    backend: str
+    runs: int  # finished runs in the window
+    figures: list[HealthFigure]
+    ready: bool  # every figure met: the numbers CRCR asks for before L3
+
+
+@dataclass(frozen=True)
+class Health:
+    window_days: int
+    since: datetime
+    backends: list[BackendHealth]

@@ -1,6 +1,6 @@
 """The relay's steps as plain functions over the database: deliveries -> changes -> runs ->
 results, one module per step (``process``, ``select``, ``execute``, ``collect``; ``upgrade``
-for a release upgrade job) and the ``reconcile`` sweep.
+for a release upgrade job, ``triage`` after a run with failures) and the ``reconcile`` sweep.
 
 Each step is idempotent and claims its row with a conditional update, so a duplicated or
 redelivered task does nothing twice; the Celery tasks in :mod:`ci_relay.service.tasks` only
@@ -13,6 +13,7 @@ from ci_relay.pipeline.process import process_delivery
 from ci_relay.pipeline.reconcile import reconcile
 from ci_relay.pipeline.select import past_observations, select_tests
 from ci_relay.pipeline.trace import delivery_id_of
+from ci_relay.pipeline.triage import triage_run
 from ci_relay.pipeline.upgrade import plan_upgrade_job
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "process_delivery",
     "reconcile",
     "select_tests",
+    "triage_run",
 ]

@@ -1,16 +1,20 @@
-"""Step 4: a run whose shards all finished is closed and its reports are queued."""
+"""Step 4: a run whose shards all finished is closed and its reports are queued (then its
+triage, when a test broke)."""
 
 from __future__ import annotations
 
 from sqlalchemy import update
 
 from ci_relay.context import RelayContext
+from ci_relay.pipeline.triage import wants_triage
 from ci_relay.reporting.outbox import enqueue_reports
 from ci_relay.steps import Next, claim_rows, report_steps
 from ci_relay.store.models import (
     Run,
     RunState,
     ShardState,
+    Triage,
+    TriageState,
     utcnow,
 )
 
@@ -46,6 +50,14 @@ def collect(rt: RelayContext, run_id: int) -> list[Next]:
                 updated_at=utcnow(),
             ),
         )
-        if claimed:
-            return report_steps(enqueue_reports(session, rt, run, "completed"))
+        if not claimed:
+            return []
+        session.refresh(run)
+        steps = report_steps(enqueue_reports(session, rt, run, "completed"))
+        if wants_triage(rt, run):  # after the report: the verdict follows as an update
+            triage = Triage(run_id=run.id, state=TriageState.PENDING)
+            session.add(triage)
+            session.flush()
+            steps.append(Next("triage", triage.id, run.backend))
+        return steps
     return []

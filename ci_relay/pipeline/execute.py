@@ -14,7 +14,7 @@ from ci_relay.execution.choice import shard_runtime
 from ci_relay.execution.devices import claim_device
 from ci_relay.execution.outcomes import BAD_OUTCOMES
 from ci_relay.execution.runtimes import Limits, RuntimeUnavailable
-from ci_relay.execution.shard import ShardRequest, run_shard
+from ci_relay.execution.shard import ShardReport, ShardRequest, run_shard
 from ci_relay.steps import Next, claim_pending_or_stale
 from ci_relay.store.models import (
     Shard,
@@ -49,46 +49,17 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
         assert shard is not None
         run_id, backend, head = shard.run_id, shard.run.backend, shard.run.change.head_sha
         tests = list(shard.test_files)
-    settings = rt.settings
     try:
-        runtime = shard_runtime(settings, backend)
-        mirror = upstream_mirror(rt.settings)
-        mirror.ensure(head)
+        runtime_name, report = run_tests_at(
+            rt, backend, head, tests, log_as=f"shard {shard_id}", rerun_failures=True
+        )
     except (RuntimeUnavailable, CheckoutError) as exc:
         log.error("shard %s of run %s not run: %s", shard_id, run_id, exc)
         return _shard_failed(rt, shard_id, run_id, str(exc))
-    with (
-        mirror.tree(head) as tree,
-        tempfile.TemporaryDirectory() as tmp,
-        claim_device(
-            backend,
-            get_backend(backend).processes_per_device,
-            settings.devices,
-            settings.device_lock_dir,
-            on_wait=lambda msg: log.info("shard %s: %s", shard_id, msg),
-        ) as device,
-    ):
-        report = run_shard(
-            runtime,
-            ShardRequest(
-                tests=tests,
-                specs=[p.resolve() for p in rt.specs],
-                upstream=tree,
-                scratch=Path(tmp),
-                backend=backend,
-                per_test_timeout=settings.per_test_timeout,
-                limits=Limits(
-                    memory_mb=settings.shard_memory_mb,
-                    wall_seconds=SHARD_TIMEOUT_SECONDS,
-                    scratch_mb=settings.shard_scratch_mb,
-                ),
-                env=device.env(),
-            ),
-        )
     results = list(report.results.values())
     failed = any(r.outcome in BAD_OUTCOMES for r in results)
     code = 3 if report.error else (1 if failed else 0)
-    output = f"runtime {runtime.name}, {report.processes} process(es)\n" + "\n".join(report.log)
+    output = f"runtime {runtime_name}, {report.processes} process(es)\n" + "\n".join(report.log)
     if report.error:
         output = f"{report.error}\n{output}"
     with rt.db.session() as session:
@@ -112,11 +83,59 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
         shard.exit_code = code
         shard.state = ShardState.DONE if code in (0, 1) else ShardState.FAILED
         shard.log_tail = output[-8000:]
-        shard.runtime = runtime.name
+        shard.runtime = runtime_name
         shard.error = report.error
         shard.finished_at = utcnow()
     log.info("shard %s of run %s finished with exit code %s", shard_id, run_id, code)
     return [Next("collect", run_id)]
+
+
+def run_tests_at(
+    rt: RelayContext,
+    backend: str,
+    sha: str,
+    tests: list[str],
+    *,
+    log_as: str,
+    rerun_failures: bool,
+) -> tuple[str, ShardReport]:
+    """Run generic ``tests`` at upstream ``sha`` on ``backend`` in the runtime the settings
+    allow, holding a device slot: a shard's work, and triage's reruns. Raises
+    :class:`RuntimeUnavailable` or :class:`CheckoutError` when they cannot run at all."""
+    settings = rt.settings
+    runtime = shard_runtime(settings, backend)
+    mirror = upstream_mirror(settings)
+    mirror.ensure(sha)
+    with (
+        mirror.tree(sha) as tree,
+        tempfile.TemporaryDirectory() as tmp,
+        claim_device(
+            backend,
+            get_backend(backend).processes_per_device,
+            settings.devices,
+            settings.device_lock_dir,
+            on_wait=lambda msg: log.info("%s: %s", log_as, msg),
+        ) as device,
+    ):
+        report = run_shard(
+            runtime,
+            ShardRequest(
+                tests=tests,
+                specs=[p.resolve() for p in rt.specs],
+                upstream=tree,
+                scratch=Path(tmp),
+                backend=backend,
+                per_test_timeout=settings.per_test_timeout,
+                limits=Limits(
+                    memory_mb=settings.shard_memory_mb,
+                    wall_seconds=SHARD_TIMEOUT_SECONDS,
+                    scratch_mb=settings.shard_scratch_mb,
+                ),
+                env=device.env(),
+                rerun_failures=rerun_failures,
+            ),
+        )
+    return runtime.name, report
 
 
 def _shard_failed(rt: RelayContext, shard_id: int, run_id: int, error: str) -> list[Next]:

@@ -16,6 +16,8 @@ from ci_relay.store.models import (
     RunState,
     Shard,
     ShardState,
+    Triage,
+    TriageState,
     Upgrade,
     UpgradeState,
     utcnow,
@@ -68,6 +70,16 @@ def reconcile(rt: RelayContext, older_than: timedelta, stale_after: timedelta) -
                 s.state in (ShardState.DONE, ShardState.FAILED) for s in run.shards
             ):
                 out.append(Next("collect", run.id))
+        for triage in session.scalars(
+            select(Triage).where(
+                or_(
+                    (Triage.state == TriageState.PENDING) & (Triage.updated_at < cutoff),
+                    (Triage.state == TriageState.RUNNING)
+                    & (Triage.updated_at < utcnow() - stale_after),
+                )
+            )
+        ):
+            out.append(Next("triage", triage.id, triage.run.backend))
         out.extend(report_steps(due_reports(session, cutoff)))  # retries are due; or a lost send
         if out:
             session.execute(

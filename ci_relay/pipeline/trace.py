@@ -11,6 +11,7 @@ from ci_relay.store.models import (
     OutboxMessage,
     Run,
     Shard,
+    Triage,
 )
 
 
@@ -30,6 +31,8 @@ def delivery_id_of(rt: RelayContext, task: str, pk: int) -> str | None:
             query = of_run.join(OutboxMessage, OutboxMessage.run_id == Run.id).where(
                 OutboxMessage.id == pk
             )
+        elif task == "triage":
+            query = of_run.join(Triage, Triage.run_id == Run.id).where(Triage.id == pk)
         elif task == "execute":
             query = of_run.join(Shard, Shard.run_id == Run.id).where(Shard.id == pk)
         else:  # select, collect: the row is the run

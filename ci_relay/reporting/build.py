@@ -28,7 +28,7 @@ from ci_relay.reporting.wire import (
 )
 from ci_relay.settings import Settings
 from ci_relay.steps import delivery_event
-from ci_relay.store.models import Run, Shard, TestResult
+from ci_relay.store.models import Run, Shard, TestResult, Triage, TriageState
 
 PASSED = frozenset({"passed", "xfailed", "xpassed", "flaky"})  # as the spec expects them
 SKIPPED = frozenset({"skipped"})
@@ -77,6 +77,8 @@ class RunFacts:
     infra_errors: list[str] = field(default_factory=list)
     # what the specs list that this upstream revision lacks (the run went on without it)
     spec_drift: list[str] = field(default_factory=list)
+    # triage's advisory verdict on the failures, once it finished (an update after the report)
+    verdict: TriageVerdict | None = None
 
     @property
     def failed_total(self) -> int:
@@ -104,6 +106,11 @@ def load_facts(session: Session, run_id: int, with_failures: bool) -> RunFacts:
     infra = [run.error] if run.error else []
     infra += [f"shard {s.index}: {s.error}" for s in run.shards if s.error]
     plan = run.selection.plan if run.selection is not None else {}
+    triage = session.scalar(
+        select(Triage).where(
+            Triage.run_id == run_id, Triage.state.in_((TriageState.DONE, TriageState.FAILED))
+        )
+    )
     return RunFacts(
         run_id=run.id,
         attempt=run.attempt,
@@ -123,6 +130,9 @@ def load_facts(session: Session, run_id: int, with_failures: bool) -> RunFacts:
         failures=failures,
         infra_errors=infra,
         spec_drift=drift_lines(plan.get("spec_drift") if isinstance(plan, dict) else None),
+        verdict=TriageVerdict.model_validate(triage.verdict)
+        if triage is not None and triage.verdict and with_failures
+        else None,
     )
 
 
@@ -215,7 +225,9 @@ def callback_payload(
         event_type=facts.event_type,
         delivery_id=facts.delivery_id,
         payload=facts.upstream_payload if budget.full_payload else payload_summary(facts),
-        workflow=workflow(facts, settings, event, budget),
+        workflow=workflow(
+            facts, settings, event, budget, facts.verdict if event == "completed" else None
+        ),
     )
 
 

@@ -112,6 +112,7 @@ def triage_verdict(
     summary: str,
     evidence: list[str],
     analyzer: dict[str, str | None],
+    suspected_upstream: str | None = None,
 ) -> TriageVerdict:
     """An analyzer's advisory verdict cut to the format: summary 1 KB, 10 evidence items,
     16 KB in all (evidence is dropped from the end while JSON escaping still overflows)."""
@@ -120,6 +121,7 @@ def triage_verdict(
         "category": category,
         "confidence": confidence,
         "summary": clip(summary, MAX_SUMMARY_BYTES),
+        "suspected_upstream": suspected_upstream[:128] if suspected_upstream else None,
         "analyzer": Analyzer.model_validate(
             {
                 k: clip(v, MAX_ANALYZER_FIELD_BYTES) if v is not None else None

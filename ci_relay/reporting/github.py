@@ -45,7 +45,7 @@ from ci_relay.reporting.transport import (
     request,
     retry_after,
 )
-from ci_relay.reporting.wire import MAX_FAILED_TESTS
+from ci_relay.reporting.wire import MAX_FAILED_TESTS, TriageVerdict
 from ci_relay.settings import Settings
 from ci_relay.store.models import OutboxMessage, OutboxState
 
@@ -246,6 +246,8 @@ def output(facts: RunFacts, settings: Settings, event: str) -> dict[str, str]:
         )
         if len(facts.spec_drift) > MAX_DRIFT_LINES:
             summary += f"\n- … and {len(facts.spec_drift) - MAX_DRIFT_LINES} more on the run page"
+    if facts.verdict is not None:
+        summary += "\n\n" + verdict_markdown(facts.verdict)
     lines = [f"### Failed tests ({len(facts.failures)} of {facts.failed_total} listed)", ""]
     for failure in facts.failures:
         first = (failure.text or "").strip().splitlines()[:1]
@@ -260,6 +262,23 @@ def output(facts: RunFacts, settings: Settings, event: str) -> dict[str, str]:
         room = MAX_OUTPUT_CHARS - len(listing) - 200  # for the line saying what did not fit
         result["text"] = clip_chars(listing + _tracebacks(facts, room, url), MAX_OUTPUT_CHARS)
     return result
+
+
+def verdict_markdown(verdict: TriageVerdict) -> str:
+    """Triage's verdict as the check summary shows it: category, confidence, why."""
+    suspect = (
+        f" Suspected upstream change: `{clip(verdict.suspected_upstream, 128)}`."
+        if verdict.suspected_upstream
+        else ""
+    )
+    lines = [
+        f"### Triage: {verdict.category} ({verdict.confidence} confidence)",
+        "",
+        f"{verdict.summary}{suspect}",
+        "",
+    ]
+    lines += [f"- {clip(e, 512)}" for e in verdict.evidence]
+    return "\n".join(lines) + "\n\n_Advisory: the verdict never changes the conclusion._"
 
 
 def _fenced(text: str) -> str:

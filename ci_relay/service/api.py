@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ci_relay.api_docs import NOT_FOUND, DbId
 from ci_relay.context import RelayContext
+from ci_relay.dashboard.queries.health import health
 from ci_relay.metrics import Metrics
 from ci_relay.store.database import ping
 from ci_relay.store.models import (
@@ -201,6 +202,14 @@ def make_router(rt: RelayContext, metrics: Metrics, broker_ok: Callable[[], bool
                 select(TestResult.outcome, func.count()).group_by(TestResult.outcome)
             ):
                 metrics.tests.labels(outcome).set(count)
+            readiness = health(session, rt.settings.health_window_days)
+        for backend in readiness.backends:
+            for figure in backend.figures:
+                metrics.promotion_threshold.labels(figure.key).set(figure.threshold)
+                if figure.value is not None:
+                    metrics.promotion.labels(backend.backend, figure.key).set(figure.value)
+                if figure.met is not None:
+                    metrics.promotion_met.labels(backend.backend, figure.key).set(int(figure.met))
 
     @router.get(
         "/metrics",

@@ -95,10 +95,10 @@ def serve(settings: Settings, host: str, port: int, with_worker: bool) -> None:
 
 
 def all_queues() -> str:
-    from ci_relay.service.tasks import SHORT_QUEUES, exec_queue
+    from ci_relay.service.tasks import SHORT_QUEUES, TRIAGE_QUEUE, exec_queue
     from reuse_specs.backends import BACKENDS
 
-    return ",".join([*SHORT_QUEUES, *(exec_queue(b) for b in BACKENDS)])
+    return ",".join([*SHORT_QUEUES, TRIAGE_QUEUE, *(exec_queue(b) for b in BACKENDS)])
 
 
 def run_worker(

@@ -35,6 +35,8 @@ TASK_SECONDS = Histogram(
 )
 TASKS = Counter("ci_relay_tasks_total", "Pipeline steps run, by outcome", ["task", "outcome"])
 SHORT_QUEUES = ("intake", "select", "report")
+# reruns on the backends: a worker with the devices takes it, beside its exec.<backend> queue
+TRIAGE_QUEUE = "triage"
 _runtime: RelayContext | None = None
 
 
@@ -76,6 +78,7 @@ def configure(settings: Settings) -> RelayContext:
             "relay.upgrade": {"queue": "select"},
             "relay.collect": {"queue": "report"},
             "relay.send_report": {"queue": "report"},
+            "relay.triage": {"queue": TRIAGE_QUEUE},
         },
     )
     return _runtime
@@ -99,6 +102,8 @@ def enqueue(steps: list[Next]) -> None:
                 execute_shard.apply_async((step.arg,), queue=exec_queue(step.backend or "cpu"))
             elif step.task == "collect":
                 collect.apply_async((step.arg,), queue="report")
+            elif step.task == "triage":
+                triage.apply_async((step.arg,), queue=TRIAGE_QUEUE)
             elif step.task == "report":
                 send_report.apply_async((step.arg,), queue="report")
         except Exception:  # broker down: the database still says what is pending
@@ -155,6 +160,11 @@ def execute_shard(shard_id: int) -> None:
 @celery_app.task(name="relay.collect", **RETRY)
 def collect(run_id: int) -> None:
     _step("collect", run_id, lambda: pipeline.collect(runtime(), run_id))
+
+
+@celery_app.task(name="relay.triage", **RETRY)
+def triage(triage_id: int) -> None:
+    _step("triage", triage_id, lambda: pipeline.triage_run(runtime(), triage_id, _stale()))
 
 
 # A retry due within this many seconds is queued with a countdown; a later one is left to

@@ -252,6 +252,39 @@ class Upgrade(Base):
     )
 
 
+class TriageState:
+    PENDING = "pending"  # the run finished with failures; its checks have not started
+    RUNNING = "running"
+    DONE = "done"  # a verdict per triaged test and one for the run
+    FAILED = "failed"  # triage itself broke: the run's verdict is ``unknown`` with the reason
+
+
+class Triage(Base):
+    """Whose fault a run's failures are: reruns at head, at the change's base and on cpu
+    (and a bisection of a longer range) for at most N failing tests, and the verdicts."""
+
+    __tablename__ = "triages"
+    __table_args__ = (Index("ix_triages_state", "state"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), unique=True)
+    state: Mapped[str] = mapped_column(String(16), default=TriageState.PENDING)
+    # the run's verdict in the callback's format (TriageVerdict), empty until done
+    verdict: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # one verdict per triaged test, with the checks behind it (ci_relay.triage.verdict)
+    tests: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # device time the checks took (what triage costs beside the run)
+    device_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, onupdate=utcnow
+    )
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    run: Mapped[Run] = relationship()
+
+
 class OutboxState:
     PENDING = "pending"  # waiting for next_attempt_at (first try or a retry)
     SENDING = "sending"  # claimed by a sender until next_attempt_at (its lease)

@@ -27,12 +27,6 @@ LOG_EXCERPT_LINES = 20
 DETAILS_SHOWN = 16 * 1024
 _OPEN_REPORTS = (OutboxState.PENDING, OutboxState.SENDING)  # a next attempt is coming
 _HEX = re.compile(r"^[0-9a-fA-F]{7,64}$")
-# where a triage verdict sits in the payloads the relay sends (plain, CRCR callback, HUD body)
-_TRIAGE_PATHS: tuple[tuple[str, ...], ...] = (
-    ("triage_verdict",),
-    ("workflow", "triage_verdict"),
-    ("untrusted", "callback_payload", "workflow", "triage_verdict"),
-)
 
 
 def _clamp(page: int, per_page: int, total: int) -> Pager:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from sqlalchemy import (
     Integer,
@@ -33,6 +34,8 @@ from ci_relay.store.models import (
     RunState,
     Shard,
     TestResult,
+    Triage,
+    TriageState,
 )
 
 
@@ -125,9 +128,12 @@ def _latest_cells(
             Change.repository,
             Change.head_sha,
             latest.c.runs,
+            Triage.verdict,
+            Triage.state.label("triage_state"),
         )
         .join(latest, Run.id == latest.c.run_id)
         .join(Change, Run.change_id == Change.id)
+        .outerjoin(Triage, Triage.run_id == Run.id)
     ).all()
     live = _live_counts(
         session, [r.id for r in rows if r.state in (RunState.SELECTING, RunState.RUNNING)]
@@ -143,8 +149,18 @@ def _latest_cells(
             attempt=r.attempt,
             runs=r.runs,
             counts=ordered_counts(live.get(r.id) or r.counts or {}),
+            triage=_category(r.verdict, r.triage_state),
         )
     return out
+
+
+def _category(verdict: Any, state: str | None) -> str | None:
+    """What a grid cell's triage badge says: the verdict's category, or that it is coming."""
+    if state is None:
+        return None
+    if isinstance(verdict, dict) and isinstance(verdict.get("category"), str):
+        return str(verdict["category"])
+    return "triaging" if state in (TriageState.PENDING, TriageState.RUNNING) else None
 
 
 def _live_counts(session: Session, run_ids: list[int]) -> dict[int, dict[str, int]]:

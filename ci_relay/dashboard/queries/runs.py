@@ -20,7 +20,6 @@ from ci_relay.dashboard import downstream
 from ci_relay.dashboard.queries.common import (
     _HEX,
     _OPEN_REPORTS,
-    _TRIAGE_PATHS,
     DETAILS_SHOWN,
     FAILURES_PER_RUN,
     LOG_EXCERPT_LINES,
@@ -51,6 +50,7 @@ from ci_relay.store.models import (
     Selection,
     Shard,
     TestResult,
+    Triage,
 )
 
 
@@ -117,7 +117,10 @@ def _runs(session: Session, *where: ColumnElement[bool]) -> list[RunInfo]:
             shards=[s for (run_id, _), s in sorted(shards.items()) if run_id == r.id],
             failures=failures.get(r.id, []),
             failures_total=totals.get(r.id, 0),
-            triage=triage.get(r.id, []),
+            triage=[triage[r.id].verdict] if r.id in triage and triage[r.id].verdict else [],
+            triage_state=triage[r.id].state if r.id in triage else None,
+            triage_tests=list(triage[r.id].tests) if r.id in triage else [],
+            triage_seconds=triage[r.id].device_seconds if r.id in triage else 0.0,
         )
         for r in rows
     ]
@@ -230,21 +233,11 @@ def _failures(
     return out, totals
 
 
-def _triage(session: Session, run_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
-    """Advisory triage verdicts found in the run's outgoing reports (newest first, distinct)."""
+def _triage(session: Session, run_ids: list[int]) -> dict[int, Triage]:
+    """Each run's triage (its verdict, a verdict per test, its state), in one query."""
     if not run_ids:
         return {}
-    paths = [OutboxMessage.payload[path] for path in _TRIAGE_PATHS]
-    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for run_id, *verdicts in session.execute(
-        select(OutboxMessage.run_id, *paths)
-        .where(OutboxMessage.run_id.in_(run_ids))
-        .order_by(OutboxMessage.id.desc())
-    ):
-        for verdict in verdicts:
-            if isinstance(verdict, dict) and verdict not in out[run_id]:
-                out[run_id].append(verdict)
-    return out
+    return {t.run_id: t for t in session.scalars(select(Triage).where(Triage.run_id.in_(run_ids)))}
 
 
 def _heads(changes: list[ChangeInfo], runs: list[RunInfo]) -> list[HeadDetail]:

@@ -1,0 +1,49 @@
+"""Narrow a range of upstream commits to the first one where a test fails, in few runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+Probe = Literal["good", "bad", "skip"]
+
+
+@dataclass
+class Bisection:
+    """The first bad commit when the steps sufficed, else the narrowest range found."""
+
+    first_bad: str | None
+    good: str  # the newest commit seen passing (the range's base at first)
+    bad: str  # the oldest commit seen failing (the range's head at first)
+    steps: list[tuple[str, Probe]] = field(default_factory=list)
+    note: str | None = None  # why it stopped short
+
+
+def bisect(
+    base: str, commits: list[str], probe: Callable[[str], Probe], max_steps: int
+) -> Bisection:
+    """``commits`` are base's successors up to the head, oldest first; ``base`` passes and
+    the last commit fails. A commit that cannot be tested (it does not build, the test is
+    not there) stops the search with what it knows rather than guessing past it."""
+    if not commits:
+        raise ValueError("nothing to bisect: the range is empty")
+    low, high = -1, len(commits) - 1  # commits[low] (or base) good, commits[high] bad
+    result = Bisection(None, base, commits[high])
+    while high - low > 1:
+        if len(result.steps) >= max_steps:
+            result.note = f"stopped after {max_steps} step(s) with {high - low} commits left"
+            break
+        middle = (low + high) // 2
+        answer = probe(commits[middle])
+        result.steps.append((commits[middle], answer))
+        if answer == "skip":
+            result.note = f"stopped at {commits[middle][:12]}: the test could not run there"
+            break
+        if answer == "good":
+            low, result.good = middle, commits[middle]
+        else:
+            high, result.bad = middle, commits[middle]
+    if high - low == 1:
+        result.first_bad = commits[high]
+    return result
