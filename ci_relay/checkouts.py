@@ -83,6 +83,15 @@ class UpstreamMirror:
             return False
         return True
 
+    def _clone(self) -> None:
+        """Clone the mirror (the caller holds the lock)."""
+        tmp = self.path.with_name(f"{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            _git(None, "clone", "--mirror", "--quiet", "--", self.source, str(tmp))
+            tmp.rename(self.path)  # a half-made clone is never seen as the mirror
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def ensure(self, sha: str) -> Path:
         """The mirror, cloned on first use and fetched only when ``sha`` is not in it yet."""
         sha = _checked(sha)
@@ -90,12 +99,7 @@ class UpstreamMirror:
             return self.path
         with self._locked():
             if not self.path.is_dir():
-                tmp = self.path.with_name(f"{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
-                try:
-                    _git(None, "clone", "--mirror", "--quiet", "--", self.source, str(tmp))
-                    tmp.rename(self.path)  # a half-made clone is never seen as the mirror
-                finally:
-                    shutil.rmtree(tmp, ignore_errors=True)
+                self._clone()
             elif not self._has_commit(sha):
                 _git(self.path, "fetch", "--quiet", "--prune", "origin")
                 if not self._has_commit(sha):  # a PR head no ref points at (yet)
@@ -117,6 +121,31 @@ class UpstreamMirror:
             )
         except CheckoutError:
             return None
+
+    def branch_head(self, branch: str) -> str:
+        """The commit ``branch`` points at upstream now (the mirror cloned or fetched first)."""
+        if (
+            branch.startswith("-")
+            or ".." in branch
+            or not re.fullmatch(r"[A-Za-z0-9._/-]+", branch)
+        ):
+            raise CheckoutError(f"refusing the branch name {branch!r}")
+        with self._locked():
+            if not self.path.is_dir():
+                self._clone()
+            else:
+                _git(self.path, "fetch", "--quiet", "--prune", "origin")
+        try:
+            return _git(
+                self.path,
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                "--end-of-options",
+                f"refs/heads/{branch}^{{commit}}",
+            )
+        except CheckoutError:
+            raise CheckoutError(f"{self.source} has no branch {branch!r}") from None
 
     def commits_between(self, base: str, head: str) -> list[str]:
         """The first-parent commits after ``base`` up to ``head``, oldest first (a range to

@@ -72,7 +72,8 @@ class Policy(BaseModel):
             if policy.level is Level.L1:
                 continue
             if policy.level is Level.L3 and not (
-                kind == "pull_request" and f"ciflow/crcr/{device}" in labels
+                (kind == "pull_request" and f"ciflow/crcr/{device}" in labels)
+                or kind == "nightly"  # the nightly reports for every level that runs tests
             ):
                 continue
             out.append((backend, policy.level))

@@ -62,7 +62,7 @@ def claim_pending_or_stale(
 def delivery_event(delivery: Delivery) -> tuple[str, dict[str, Any]]:
     """The upstream event and payload a stored delivery carries (unwrapping CRCR envelopes)."""
     data = json.loads(delivery.body)
-    if delivery.source == "dispatch":
+    if delivery.source in ("dispatch", "nightly"):  # a CRCR envelope, or our own nightly
         envelope = data.get("client_payload", data)
         return str(envelope["event_type"]), dict(envelope["payload"])
     return delivery.event, data

@@ -130,7 +130,7 @@ def upstream_context(
             upstream_repo=str(upstream),
             specs=[spec_file],
             selection_agent="none",
-            selection_budget="all",
+            selection_budget=extra.pop("selection_budget", "all"),  # type: ignore[arg-type]
             **extra,  # type: ignore[arg-type]
         )
     )

@@ -146,3 +146,21 @@ def replay(
     except ReplayError as exc:
         raise _fail(str(exc)) from None
     out.print(f"queued as delivery {pk}")
+
+
+@commands.command("nightly")
+def nightly() -> None:
+    """Start the nightly now (the branch head as CRCR's nightly), whatever the clock says;
+    the reconciler starts it daily at CI_RELAY_NIGHTLY_AT by itself."""
+    from ci_relay.nightly import nightly_steps
+    from ci_relay.service.tasks import configure, enqueue
+
+    rt = configure(_settings())
+    try:
+        steps = nightly_steps(rt, force=True)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if not steps:
+        raise _fail("no nightly started: the branch is unknown or unchanged since the last one")
+    enqueue(steps)
+    out.print(f"nightly queued as delivery {steps[0].arg}")

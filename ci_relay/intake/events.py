@@ -90,6 +90,15 @@ class _PushEvent(BaseModel):
     deleted: Annotated[bool, Strict()] = False
 
 
+class _NightlyEvent(BaseModel):
+    """Our own nightly's payload (ci_relay.nightly), or CRCR's nightly in a dispatch."""
+
+    repository: _Repo
+    after: CommitId
+    before: CommitId | None = None
+    ref: GitRef | None = None
+
+
 class _CheckSubject(BaseModel):
     head_sha: CommitId
 
@@ -106,7 +115,7 @@ class ChangeIntent:
     """A change the relay may test (what policy then decides about)."""
 
     repository: str
-    kind: str  # pull_request | push | rerun
+    kind: str  # pull_request | push | rerun | nightly
     head_sha: str
     base_sha: str | None = None
     number: int | None = None
@@ -177,6 +186,20 @@ def summarize(event: str, payload: dict[str, Any]) -> Interpretation:
                     head_sha=push.after,
                     base_sha=None if push.before == ZERO_SHA else push.before,
                     ref=push.ref,
+                ),
+            )
+        if event == "nightly":
+            nightly = _NightlyEvent.model_validate(payload)
+            return Interpretation(
+                action,
+                repository,
+                nightly.after,
+                ChangeIntent(
+                    repository=nightly.repository.full_name,
+                    kind="nightly",
+                    head_sha=nightly.after,
+                    base_sha=nightly.before,
+                    ref=nightly.ref,
                 ),
             )
         if event in ("check_run", "check_suite"):

@@ -82,7 +82,9 @@ def process_delivery(rt: RelayContext, delivery_pk: int) -> list[Next]:
         already: list[str] = []
         if intent.runs_tests:
             for backend, level in rt.policy.runs_for(repo_policy, kind, list(labels)):
-                if intent.kind != "rerun" and _has_run(session, intent.head_sha, intent, backend):
+                if intent.kind not in ("rerun", "nightly") and _has_run(
+                    session, intent.head_sha, intent, backend
+                ):
                     already.append(backend)  # only a rerun request adds a run for a tested head
                     continue
                 attempt = 1 + (

@@ -53,6 +53,8 @@ def select_tests(rt: RelayContext, run_id: int, stale_after: timedelta) -> list[
                 if s.state == ShardState.PENDING
             ]
         head, base, backend = run.change.head_sha, run.change.base_sha, run.backend
+        # a nightly without a previous one (or under nightly_scope: all) runs the universe
+        everything = run.change.kind == "nightly" and base is None
         repository = run.change.repository
         upgrade = run.change.kind == "upgrade"  # a release upgrade's side: its fixed list
         fixed: dict[str, Any] | None = None
@@ -66,7 +68,7 @@ def select_tests(rt: RelayContext, run_id: int, stale_after: timedelta) -> list[
         return _start(rt, run_id, "upgrade", fixed, fixed["shards"], backend)
     try:
         observations = past_observations(rt, repository, backend, exclude_run=run_id)
-        plan = _plan(rt, head, base, observations)
+        plan = _plan(rt, head, base, observations, everything)
     except (CheckoutError, SpecErrors, EmptyUniverse) as exc:  # no commit, bad spec, no test
         log.error("run %s: selection impossible: %s", run_id, exc)
         return _run_failed(rt, run_id, f"selection failed: {exc}")
@@ -155,12 +157,17 @@ def past_observations(
 
 
 def _plan(
-    rt: RelayContext, head: str, base: str | None, observations: tuple[Observation, ...] = ()
+    rt: RelayContext,
+    head: str,
+    base: str | None,
+    observations: tuple[Observation, ...] = (),
+    everything: bool = False,
 ) -> TestPlan:
-    """The four-stage selector's plan for head against base (or head's parent)."""
+    """The four-stage selector's plan for head against base (or head's parent); every test
+    the specs allow when ``everything``."""
     mirror = upstream_mirror(rt.settings)
     settings = rt.settings
-    budget = Budget.parse(settings.selection_budget)
+    budget = Budget("all") if everything else Budget.parse(settings.selection_budget)
     mirror.ensure(head)
     if base is not None:
         mirror.ensure(base)

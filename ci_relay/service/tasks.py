@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError
 from ci_relay import pipeline
 from ci_relay.context import RelayContext
 from ci_relay.logs import delivery_context
+from ci_relay.nightly import nightly_steps
 from ci_relay.reporting import sender
 from ci_relay.settings import Settings
 from ci_relay.steps import Next
@@ -189,12 +190,14 @@ def send_report(message_id: int) -> None:
 
 
 def reconcile_once() -> int:
+    """One pass of the clock: pending work re-sent, and today's nightly started when due."""
     rt = runtime()
     steps = pipeline.reconcile(
         rt,
         older_than=timedelta(seconds=rt.settings.reconcile_after_seconds),
         stale_after=_stale(),
     )
+    steps += nightly_steps(rt)
     enqueue(steps)
     return len(steps)
 

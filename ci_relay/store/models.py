@@ -114,7 +114,7 @@ class Change(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     delivery_pk: Mapped[int] = mapped_column(ForeignKey("deliveries.id"), unique=True)
     repository: Mapped[str] = mapped_column(String(256))
-    kind: Mapped[str] = mapped_column(String(32))  # pull_request | push | rerun | dispatch
+    kind: Mapped[str] = mapped_column(String(32))  # pull_request | push | rerun | nightly | upgrade
     number: Mapped[int | None] = mapped_column(Integer)
     ref: Mapped[str | None] = mapped_column(String(256))
     base_sha: Mapped[str | None] = mapped_column(String(64))
