@@ -19,9 +19,10 @@ from sqlalchemy import func, select
 from ci_relay import pipeline
 from ci_relay.context import RelayContext
 from ci_relay.reporting import sender
+from ci_relay.reporting.caps import triage_verdict
 from ci_relay.reporting.github import AppAuth
 from ci_relay.reporting.outbox import enqueue_reports
-from ci_relay.store.models import OutboxMessage, Run
+from ci_relay.store.models import OutboxMessage, Run, Triage, TriageState
 from tests.relay_fixtures import make_settings
 from tests.reporting_fakes import FakeGitHub, rsa_key_pair, seed_run
 
@@ -76,7 +77,7 @@ def start(rt: RelayContext, run_id: int) -> list[int]:
 
 
 def finish(rt: RelayContext, run_id: int) -> list[int]:
-    return [n.arg for n in pipeline.collect(rt, run_id)]
+    return [n.arg for n in pipeline.collect(rt, run_id) if n.task == "report"]
 
 
 def row(rt: RelayContext, message_id: int) -> OutboxMessage:
@@ -121,9 +122,27 @@ def test_l4_check_run_in_progress_then_completed_with_annotations_in_batches(
     assert row(rt, completed).result == {
         "annotations_sent": 120,
         "main_done": True,
+        "annotations_done": True,
         "check_run_id": check.id,
         "html_url": f"https://github.test/sample/pytorch/runs/{check.id}",
     }
+    # triage's verdict follows as an update of the same check run, annotations not repeated
+    with rt.db.session() as s:
+        job = s.scalars(select(Triage).where(Triage.run_id == run_id)).one()  # collect queued it
+        job.state = TriageState.DONE
+        job.verdict = triage_verdict(
+            "backend",
+            "high",
+            "test_ops fails at the base too.",
+            ["backend (high): test_ops"],
+            {"name": "ci-relay-triage", "version": "0.1.0"},
+        ).model_dump(mode="json")
+        run = s.get(Run, run_id)
+        assert run is not None
+        (update,) = enqueue_reports(s, rt, run, "completed")
+    assert sender.deliver(rt, update).state == "sent"
+    assert list(fake.check_runs) == [check.id] and len(check.annotations) == 120
+    assert "### Triage: backend (high confidence)" in check.output["summary"]
 
 
 def test_l3_labelled_pr_gets_a_neutral_check_on_failure(

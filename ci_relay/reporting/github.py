@@ -418,6 +418,10 @@ def _check_sender(settings: Settings, facts: RunFacts, event: str) -> Send:
     repo = facts.repository
 
     def send(ctx: SendContext) -> dict[str, Any]:
+        nonlocal notes, main
+        if ctx.earlier.get("annotations_done"):  # an update (triage's verdict): GitHub
+            notes = []  # appends annotations, and the first completed report sent them all
+            main = {**main, "output": {**out, "annotations": []}}
         api = Api(ctx.client, settings.github_api_url, ctx.now)
         state: dict[str, Any] = {"annotations_sent": 0, "main_done": False}
         check_id = ctx.own.get("check_run_id") or ctx.earlier.get("check_run_id")
@@ -464,6 +468,8 @@ def _check_sender(settings: Settings, facts: RunFacts, event: str) -> Send:
             sent += len(batch)
             state["annotations_sent"] = sent
             ctx.save(dict(state))
+        if completed:
+            state["annotations_done"] = True
         return state
 
     return send
