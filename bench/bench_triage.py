@@ -1,0 +1,214 @@
+"""Triage's cost: time from a run's completion to its verdict, and the device time triage
+takes as a share of the run's own, for 1, 10 and 50 failing tests.
+
+On a copy of the sample upstream, a PR adds nothing but a change to one helper that 1, 10
+or 50 device-generic tests call (``x * 2`` becomes ``torch.div(x, 0.5)``: the emulated card
+has no ``div``), among 100 tests that pass. The relay (SQLite, embedded, the steps run in
+this process as a worker runs them) selects, runs the 100 tests on ``spyre-emu`` and
+collects; then its triage step reruns the failing ones at head, at the base and on cpu. The
+baseline, measured in the same run, is the run itself: its shards' device time.
+
+Run (needs the runner images for the container runtime: ``ci-relay images build --backend cpu
+--backend spyre-emu``; ``--runtime sandbox`` uses bubblewrap instead)::
+
+    python bench/bench_triage.py [--failing 1,10,50] [--runtime container]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from ci_relay import pipeline
+from ci_relay.context import RelayContext
+from ci_relay.sample_upstream import build_sample_upstream
+from ci_relay.settings import Settings
+from ci_relay.steps import Next
+from ci_relay.store.models import Delivery, DeliveryState, Run, Triage
+
+TESTS = 100
+SPEC = """\
+test_suite_config:
+  files:
+    - path: ${TORCH_ROOT}/test/test_triage_bench.py
+      unlisted_test_mode: mandatory_success
+"""
+
+
+def _cases(failing: int, broken: bool) -> str:
+    helper = "torch.div(t, 0.5)" if broken else "t * 2"
+    lines = [
+        "import torch",
+        "from torch.testing._internal.common_device_type import instantiate_device_type_tests",
+        "from torch.testing._internal.common_utils import TestCase",
+        "",
+        "",
+        "def twice(t):",
+        f"    return {helper}",
+        "",
+        "",
+        "class TestBench(TestCase):",
+    ]
+    for i in range(TESTS):
+        body = "twice(t)" if i < failing else "t + t"
+        lines += [
+            f"    def test_case_{i:03d}(self, device):",
+            "        t = torch.ones(8, device=device)",
+            f"        self.assertEqual(({body}).cpu(), torch.full((8,), 2.0))",
+            "",
+        ]
+    lines += ["", "instantiate_device_type_tests(TestBench, globals())", ""]
+    return "\n".join(lines)
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {
+        "GIT_AUTHOR_NAME": "bench",
+        "GIT_AUTHOR_EMAIL": "b@x.invalid",
+        "GIT_COMMITTER_NAME": "bench",
+        "GIT_COMMITTER_EMAIL": "b@x.invalid",
+        "PATH": "/usr/bin:/bin",
+    }
+    return subprocess.run(
+        ["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def _drain(rt: RelayContext, steps: list[Next], stop_at: str | None = None) -> list[Next]:
+    """Run steps as a worker would; those of kind ``stop_at`` are handed back, not run."""
+    stale = timedelta(hours=1)
+    held: list[Next] = []
+    while steps:
+        step = steps.pop(0)
+        if step.task == stop_at:
+            held.append(step)
+        elif step.task == "process":
+            steps += pipeline.process_delivery(rt, step.arg)
+        elif step.task == "select":
+            steps += pipeline.select_tests(rt, step.arg, stale)
+        elif step.task == "execute":
+            steps += pipeline.execute_shard(rt, step.arg, stale)
+        elif step.task == "collect":
+            steps += pipeline.collect(rt, step.arg)
+        elif step.task == "triage":
+            steps += pipeline.triage_run(rt, step.arg, stale)
+    return held
+
+
+def measure(failing: int, work: Path, runtime: str) -> dict[str, Any]:
+    upstream = work / "upstream"
+    build_sample_upstream(upstream)
+    (upstream / "test" / "test_triage_bench.py").write_text(_cases(failing, broken=False))
+    _git(upstream, "add", "-A")
+    _git(upstream, "commit", "-q", "-m", "bench tests")
+    base = _git(upstream, "rev-parse", "HEAD")
+    (upstream / "test" / "test_triage_bench.py").write_text(_cases(failing, broken=True))
+    _git(upstream, "commit", "-q", "-am", "twice by dividing")
+    head = _git(upstream, "rev-parse", "HEAD")
+    (work / "spec.yaml").write_text(SPEC)
+    (work / "policy.yaml").write_text(
+        "repositories:\n  sample/pytorch:\n    backends:\n      spyre-emu: {level: L2}\n"
+    )
+    rt = RelayContext(
+        Settings(
+            database_url=f"sqlite:///{work / 'relay.db'}",
+            data_dir=work / "data",
+            policy_file=work / "policy.yaml",
+            upstream_repo=str(upstream),
+            specs=[work / "spec.yaml"],
+            selection_agent="none",
+            selection_budget="all",
+            runtime=runtime,
+            triage_max_tests=failing,
+            device_lock_dir=work / "locks",
+        )
+    )
+    rt.db.upgrade()
+    payload = (
+        '{"action": "opened", "number": 1, "repository": {"full_name": "sample/pytorch"}, '
+        f'"pull_request": {{"number": 1, "head": {{"sha": "{head}", "ref": "pr"}}, '
+        f'"base": {{"sha": "{base}", "ref": "main"}}, "labels": []}}}}'
+    )
+    with rt.db.session() as session:
+        delivery = Delivery(
+            source="github",
+            hook_id="bench",
+            delivery_id=f"bench-{failing}",
+            event="pull_request",
+            action="opened",
+            repository="sample/pytorch",
+            head_sha=head,
+            state=DeliveryState.RECEIVED,
+            headers={},
+            body=payload.encode(),
+        )
+        session.add(delivery)
+        session.flush()
+        pk = delivery.id
+    held = _drain(rt, [Next("process", pk)], stop_at="triage")
+    completed = time.perf_counter()
+    _drain(rt, held)
+    to_verdict = time.perf_counter() - completed
+    with rt.db.session() as session:
+        run = session.scalars(select(Run)).one()
+        run_seconds = sum(
+            (s.finished_at - s.started_at).total_seconds()
+            for s in run.shards
+            if s.started_at and s.finished_at
+        )
+        job = session.scalars(select(Triage)).one()
+        categories = sorted({t["category"] for t in job.tests})
+        failed = (run.counts or {}).get("failed", 0)
+        return {
+            "failing": failing,
+            "failed_in_run": failed,
+            "triaged": len(job.tests),
+            "verdict": job.verdict.get("category"),
+            "categories": ",".join(categories),
+            "to_verdict": to_verdict,
+            "triage_device": job.device_seconds,
+            "run_device": run_seconds,
+        }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--failing", default="1,10,50")
+    parser.add_argument("--runtime", default="container", choices=["container", "sandbox", "local"])
+    args = parser.parse_args()
+    rows = []
+    for n in (int(x) for x in args.failing.split(",")):
+        with tempfile.TemporaryDirectory(prefix="bench-triage-") as tmp:
+            print(
+                f"… {n} failing test(s) of {TESTS}, runtime {args.runtime}",
+                file=sys.stderr,
+                flush=True,
+            )
+            rows.append(measure(n, Path(tmp), args.runtime))
+    print(
+        f"{'failing':>8} {'triaged':>8} {'verdict':>9} {'run→verdict s':>14} "
+        f"{'triage device s':>16} {'run device s':>13} {'ratio':>6}"
+    )
+    for r in rows:
+        ratio = r["triage_device"] / r["run_device"] if r["run_device"] else float("nan")
+        print(
+            f"{r['failing']:>8} {r['triaged']:>8} {r['verdict']:>9} {r['to_verdict']:>14.1f} "
+            f"{r['triage_device']:>16.1f} {r['run_device']:>13.1f} {ratio:>6.2f}"
+        )
+        if r["failed_in_run"] != r["failing"] or r["categories"] != "upstream":
+            print(f"  unexpected: {r}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
