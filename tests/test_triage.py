@@ -30,7 +30,7 @@ from ci_relay.service.app import create_app
 from ci_relay.settings import Settings
 from ci_relay.steps import Next
 from ci_relay.store.models import OutboxMessage, Run, Triage, TriageState
-from ci_relay.triage.bisect import bisect
+from ci_relay.triage.bisect import bisect, bisect_together
 from ci_relay.triage.summary import finish
 from ci_relay.triage.verdict import ChangeFacts, Observed, classify, run_verdict
 from tests.gitrepo import GitRepo
@@ -147,6 +147,23 @@ def test_bisection_finds_the_first_bad_commit_in_few_steps() -> None:
     assert short.first_bad is None and "stopped after 2 step(s)" in (short.note or "")
     stuck = bisect("0" * 40, commits, lambda sha: "skip", max_steps=8)
     assert stuck.first_bad is None and "could not run there" in (stuck.note or "")
+
+
+def test_tests_bisected_together_share_the_probes_until_they_part() -> None:
+    commits = [f"{i:040x}" for i in range(1, 17)]
+    broke = {"a": 11, "b": 3, "c": 11}
+    probes: list[tuple[str, list[str]]] = []
+
+    def probe(sha: str, group: list[str]) -> dict[str, Any]:
+        probes.append((sha, sorted(group)))
+        return {t: "bad" if int(sha, 16) >= broke[t] else "good" for t in group}
+
+    found = bisect_together("0" * 40, commits, ["a", "b", "c"], probe, max_steps=8)
+    assert {t: int(f.first_bad or "0", 16) for t, f in found.items()} == broke
+    assert len(probes) < 3 * 4  # a and c were never probed apart
+    assert all(("a" in g) == ("c" in g) for _, g in probes)
+    narrow = bisect_together("0" * 40, commits, ["a"], probe, max_steps=1)
+    assert narrow["a"].first_bad is None and "stopped after 1 step(s)" in (narrow["a"].note or "")
 
 
 def test_a_variant_is_named_for_another_backend() -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timedelta
-from typing import Any
 
 from sqlalchemy import select
 
@@ -25,7 +24,7 @@ from ci_relay.pipeline.execute import run_tests_at
 from ci_relay.reporting.outbox import enqueue_reports
 from ci_relay.steps import Next, claim_pending_or_stale, report_steps
 from ci_relay.store.models import Run, Shard, TestResult, Triage, TriageState, utcnow
-from ci_relay.triage.bisect import Probe, bisect
+from ci_relay.triage.bisect import Probe, bisect_together
 from ci_relay.triage.summary import finish
 from ci_relay.triage.verdict import (
     ABSENT,
@@ -229,8 +228,7 @@ def _triage(
     if broke and facts.base and rt.settings.triage_bisect_steps:
         commits = mirror.commits_between(facts.base, facts.head)
         if len(commits) > 1:
-            for o in broke:
-                _bisect(checks, o, facts, commits, rt.settings.triage_bisect_steps)
+            _bisect(checks, broke, facts, commits, rt.settings.triage_bisect_steps)
     return facts, observed, infra, untriaged, checks.seconds
 
 
@@ -254,22 +252,22 @@ def _check(
 
 
 def _bisect(
-    checks: _Checks, o: Observed, facts: ChangeFacts, commits: list[str], steps: int
+    checks: _Checks, tests: list[Observed], facts: ChangeFacts, commits: list[str], steps: int
 ) -> None:
-    def probe(sha: str) -> Probe:
-        found, error = checks.outcomes(facts.backend, sha, [o.generic])
-        seen, _message = _look(found, error, o.nodeid)
-        return "good" if seen in GOOD else "bad" if seen in BAD_OUTCOMES else "skip"
+    """Name the first bad commit of each test the change broke, bisecting them together."""
+    by_id = {o.nodeid: o for o in tests}
+
+    def probe(sha: str, group: list[str]) -> dict[str, Probe]:
+        found, error = checks.outcomes(facts.backend, sha, [by_id[t].generic for t in group])
+        answers: dict[str, Probe] = {}
+        for t in group:
+            seen, _message = _look(found, error, t)
+            answers[t] = "good" if seen in GOOD else "bad" if seen in BAD_OUTCOMES else "skip"
+        return answers
 
     assert facts.base is not None
-    found = bisect(facts.base, commits, probe, steps)
-    o.first_bad = found.first_bad
-    if found.first_bad is None:
-        o.bisect_note = f"first bad in {found.good[:12]}..{found.bad[:12]}; {found.note}"
-
-
-def triage_payload(job: Triage | None) -> dict[str, Any] | None:
-    """The stored run verdict when triage finished (what reports carry)."""
-    if job is None or job.state not in (TriageState.DONE, TriageState.FAILED) or not job.verdict:
-        return None
-    return dict(job.verdict)
+    for nodeid, found in bisect_together(facts.base, commits, list(by_id), probe, steps).items():
+        o = by_id[nodeid]
+        o.first_bad = found.first_bad
+        if found.first_bad is None:
+            o.bisect_note = f"first bad in {found.good[:12]}..{found.bad[:12]}; {found.note}"

@@ -113,7 +113,7 @@ def classify(obs: Observed, change: ChangeFacts) -> TestVerdict:
         obs.rerun == "crashed" and any(w in " ".join(obs.notes) for w in INFRA_CRASH_WORDS)
     ):
         category, agreeing = "infra", 3 if signal.startswith("crashed") else 2
-        why = signal or "the rerun crashed the same way"
+        why = signal or "its rerun was stopped by the machine (a timeout or a limit)"
         text = f"{obs.nodeid} did not run to a result on {change.backend}: {why}."
     elif obs.rerun in GOOD:
         category, agreeing = "flake", 2
