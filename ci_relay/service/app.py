@@ -27,10 +27,13 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        checkpoints = rt.db.defer_checkpoints()  # SQLite: off the request path
         try:
             yield
         finally:
             audit_log.flush()  # counts of rejections still only in memory
+            if checkpoints is not None:
+                checkpoints.set()
 
     app = FastAPI(title="ci-relay", version="0.1.0", lifespan=lifespan)
     metrics = Metrics()
