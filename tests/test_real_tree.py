@@ -59,9 +59,7 @@ def test_the_tree_has_the_files_torch_sources_and_three_changes(
         "_refs: abs returns a bool input as it is",
         "OpInfo: abs gets a note on its complex dtypes",
     ]
-    assert _git(tree, "show", "--stat", "--format=", "HEAD~1").startswith(
-        "torch/_refs/__init__.py"
-    )
+    assert _git(tree, "show", "--stat", "--format=", "HEAD~1").startswith("torch/_refs/__init__.py")
     assert (tree / "test" / "test_binary_ufuncs.py").read_bytes() == (
         fetched / "test" / "test_binary_ufuncs.py"
     ).read_bytes()

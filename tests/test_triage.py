@@ -114,7 +114,7 @@ def test_what_the_checks_cannot_settle_is_unknown(
     assert (v.category, v.confidence) == ("unknown", "low") and why in v.summary
 
 
-def test_the_run_verdict_follows_the_majority_and_drops_confidence_on_disagreement() -> None:
+def test_the_run_verdict_puts_a_broken_test_first_and_drops_confidence_on_disagreement() -> None:
     up = classify(
         Observed("a", "a", "failed", rerun="failed", base="passed", first_bad="c" * 40), FACTS
     )
@@ -128,6 +128,9 @@ def test_the_run_verdict_follows_the_majority_and_drops_confidence_on_disagreeme
     mixed = run_verdict([up, up, flake], [], 3)
     assert (mixed["category"], mixed["confidence"]) == ("upstream", "low")
     assert "2 upstream, 1 flake" in mixed["summary"]
+    flakes = run_verdict([flake, flake, up], [], 0)  # a broken test outweighs older noise
+    assert (flakes["category"], flakes["suspected_upstream"]) == ("upstream", "c" * 40)
+    assert run_verdict([flake, flake], [], 0)["category"] == "flake"
     assert "3 more failing test(s) were not triaged" in mixed["evidence"][-1]
     broken = run_verdict([], ["shard 0: runner image x is missing"], 0)
     assert (broken["category"], broken["confidence"]) == ("infra", "high")

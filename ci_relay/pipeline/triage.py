@@ -225,10 +225,13 @@ def _triage(
             facts.backend,
         )
     broke = [o for o in pending if o.base in GOOD]
-    if broke and facts.base and rt.settings.triage_bisect_steps:
+    if broke and facts.base:
         commits = mirror.commits_between(facts.base, facts.head)
-        if len(commits) > 1:
+        if len(commits) > 1 and rt.settings.triage_bisect_steps:
             _bisect(checks, broke, facts, commits, rt.settings.triage_bisect_steps)
+        elif commits == [facts.head]:  # a one-commit change: that commit is the first bad
+            for o in broke:
+                o.first_bad = facts.head
     return facts, observed, infra, untriaged, checks.seconds
 
 

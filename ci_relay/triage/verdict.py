@@ -166,8 +166,9 @@ def classify(obs: Observed, change: ChangeFacts) -> TestVerdict:
 def run_verdict(
     verdicts: list[TestVerdict], infra_errors: list[str], untriaged: int
 ) -> dict[str, Any]:
-    """One verdict for the run: the category most of its triaged tests got (infra when the
-    run could not test at all), its confidence lowered when they disagree."""
+    """One verdict for the run: ``upstream`` when the change broke any triaged test, else the
+    category most of them got (infra when the run could not test at all); its confidence is
+    low when they disagree."""
     evidence = [f"{e}" for e in infra_errors]
     evidence += [f"{v.category} ({v.confidence}): {v.test}" for v in verdicts]
     if untriaged:
@@ -189,7 +190,13 @@ def run_verdict(
             "evidence": evidence,
         }
     counted = Counter(v.category for v in verdicts)
-    top = max(CATEGORIES, key=lambda c: (counted[c], -CATEGORIES.index(c)))
+    # a change that broke a test is what its author must hear, however many failures predate
+    # it; otherwise the category most tests got
+    top = (
+        "upstream"
+        if counted["upstream"]
+        else max(CATEGORIES, key=lambda c: (counted[c], -CATEGORIES.index(c)))
+    )
     same = [v for v in verdicts if v.category == top]
     ranks = ("low", "medium", "high")
     confidence = min((v.confidence for v in same), key=ranks.index)
@@ -198,7 +205,7 @@ def run_verdict(
         summary = (
             f"Of {len(verdicts)} triaged failing tests: "
             + ", ".join(f"{n} {c}" for c, n in counted.most_common())
-            + f". Most point at {top}. "
+            + f". The run's verdict: {top}. "
             + same[0].summary
         )
     elif len(same) == 1:
