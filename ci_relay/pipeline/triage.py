@@ -14,7 +14,7 @@ import logging
 import time
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from ci_relay.checkouts import CheckoutError, upstream_mirror
 from ci_relay.context import RelayContext
@@ -118,12 +118,14 @@ def _load(
         assert job is not None
         run = job.run
         change = run.change
-        rows = session.execute(
+        limit = rt.settings.triage_max_tests
+        failing = (
             select(TestResult.nodeid, TestResult.outcome, TestResult.message)
             .join(Shard, Shard.id == TestResult.shard_id)
             .where(Shard.run_id == run.id, TestResult.outcome.in_(sorted(BAD_OUTCOMES)))
-            .order_by(Shard.index, TestResult.id)
-        ).all()
+        )
+        rows = session.execute(failing.order_by(Shard.index, TestResult.id).limit(limit)).all()
+        total = session.scalar(select(func.count()).select_from(failing.subquery())) or 0
         plan = run.selection.plan if run.selection is not None else {}
         generic = [t for shard in plan.get("shards", []) for t in shard]
         infra = [f"shard {s.index}: {s.error}" for s in run.shards if s.error]
@@ -136,12 +138,11 @@ def _load(
         for g, variants in match_variants(generic, [r[0] for r in rows]).items()
         for v in variants
     }
-    limit = rt.settings.triage_max_tests
     observed = [
         Observed(nodeid, owner.get(nodeid, nodeid), outcome, message)
-        for nodeid, outcome, message in rows[:limit]
+        for nodeid, outcome, message in rows
     ]
-    return run_id, facts, observed, infra, max(0, len(rows) - limit)
+    return run_id, facts, observed, infra, max(0, total - len(rows))
 
 
 def triage_run(rt: RelayContext, triage_id: int, stale_after: timedelta) -> list[Next]:
