@@ -2,7 +2,8 @@
 
 The test files come from pytorch/pytorch, fetched one by one with the search tool's
 ``read_file`` into a folder outside this repository, each listed in that folder's
-``MANIFEST.txt`` (``repo commit path sha256=HEX ...``, one per line). This script never
+``MANIFEST.txt`` or ``MANIFEST.<part>.txt`` (``repo commit path sha256=HEX ...``, one per
+line; the files may come from different commits, each line says which). This script never
 fetches: it checks every file against its sha256 (a mismatch stops it), then builds
 
 1. a first commit: ``torch/`` as the installed wheel's Python sources (what the selector
@@ -49,11 +50,16 @@ class Fetched:
 
 def read_manifest(folder: Path) -> list[Fetched]:
     """The fetched files, each checked against its sha256 (TreeError on any mismatch)."""
-    manifest = folder / "MANIFEST.txt"
-    if not manifest.is_file():
-        raise TreeError(f"{manifest} is missing (one line per fetched file)")
+    manifests = sorted(folder.glob("MANIFEST*.txt"))  # MANIFEST.txt, or parts of it
+    if not manifests:
+        raise TreeError(f"{folder / 'MANIFEST.txt'} is missing (one line per fetched file)")
     out = []
-    for number, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), 1):
+    lines = [
+        (manifest, number, line)
+        for manifest in manifests
+        for number, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), 1)
+    ]
+    for manifest, number, line in lines:
         if not line.strip() or line.startswith("#"):
             continue
         parts = line.split()
@@ -73,7 +79,7 @@ def read_manifest(folder: Path) -> list[Fetched]:
             )
         out.append(Fetched(repo, commit, path, digest))
     if not out:
-        raise TreeError(f"{manifest} lists no file")
+        raise TreeError(f"{folder}: the manifest lists no file")
     return out
 
 
