@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -91,10 +91,21 @@ def specs_show(
             ),
             root,
         )
-    if result.collection_errors:
+    unreadable = [o for o in result.outcomes if o.outcome == "error"]  # files that did not import
+    if unreadable and not decided:
         for problem in result.collection_errors:
             err.print(problem, markup=False)
         raise _fail("could not collect the upstream tests", 3)
+    for failed in unreadable:
+        err.print(f"[red]COLLECTION ERROR[/] {failed.nodeid}: {failed.message}", soft_wrap=True)
+    _show(decided, profile.name, as_json)
+    if unreadable:  # the listing is partial: say so in the exit code too
+        raise _fail(
+            f"{len(unreadable)} file(s) could not be collected; the other variants are listed", 1
+        )
+
+
+def _show(decided: list[Any], backend: str, as_json: bool) -> None:
     if as_json:
         rows = [
             {
@@ -113,7 +124,7 @@ def specs_show(
         ]
         print(json.dumps(rows, indent=2))
         return
-    table = Table(title=f"{len(decided)} test variants on backend {profile.name}")
+    table = Table(title=f"{len(decided)} test variants on backend {backend}")
     table.add_column("test")
     table.add_column("mode")
     table.add_column("why", overflow="fold")

@@ -38,6 +38,15 @@ def short_message(report: pytest.TestReport) -> str:
     return report.longreprtext.strip().splitlines()[-1][:300] if report.longreprtext else ""
 
 
+def collection_failure(report: pytest.CollectReport) -> tuple[str, str, str]:
+    """A file that could not be collected, as a result of its own: (nodeid, message, details).
+    Its tests cannot run; the other files' still do (``--continue-on-collection-errors``)."""
+    text = report.longreprtext.replace("\x00", "\\x00")
+    last = [line for line in text.strip().splitlines() if line.startswith("E ")][-1:]
+    message = f"collection error: {(last[0][1:].strip() if last else 'see details')[:280]}"
+    return report.nodeid, message, head_and_tail(text, MAX_DETAILS_BYTES)
+
+
 def failure_details(report: pytest.TestReport) -> str:
     """Everything pytest says about a test that broke (its longrepr), head and tail kept
     within 64 KB; empty for the rest. NUL is spelled out: PostgreSQL text cannot hold it."""

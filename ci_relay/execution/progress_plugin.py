@@ -17,7 +17,13 @@ from typing import Any
 
 import pytest
 
-from ci_relay.execution.outcomes import classify, failure_details, is_final, short_message
+from ci_relay.execution.outcomes import (
+    classify,
+    collection_failure,
+    failure_details,
+    is_final,
+    short_message,
+)
 
 TIMEOUT_EXIT = "per-test timeout"
 
@@ -35,6 +41,21 @@ class ProgressLog:
 
     def write(self, event: dict[str, Any]) -> None:
         os.write(self.fd, (json.dumps(event) + "\n").encode())
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:  # the file's own result: its tests cannot run, the rest do
+            nodeid, message, details = collection_failure(report)
+            self.write(
+                {
+                    "event": "result",
+                    "nodeid": nodeid,
+                    "outcome": "error",
+                    "mode": None,
+                    "duration": 0.0,
+                    "message": message,
+                    "details": details,
+                }
+            )
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         self.write({"event": "start", "nodeid": nodeid})

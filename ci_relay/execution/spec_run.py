@@ -20,6 +20,7 @@ import pytest
 from ci_relay.execution.outcomes import (
     BAD_OUTCOMES,
     classify,
+    collection_failure,
     failure_details,
     is_final,
     short_message,
@@ -72,7 +73,7 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        if self.collection_errors or self.pytest_exit in (
+        if self.pytest_exit in (
             pytest.ExitCode.INTERNAL_ERROR,
             pytest.ExitCode.USAGE_ERROR,
             pytest.ExitCode.INTERRUPTED,
@@ -98,8 +99,12 @@ class _ResultCollector:
         self.decided: list[tuple[str, TestVariant, Decision]] = []
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
-        if report.failed:
+        if report.failed:  # that file's result; the other files still run
             self.result.collection_errors.append(f"{report.nodeid}: {report.longreprtext}")
+            nodeid, message, details = collection_failure(report)
+            outcome = TestOutcome(nodeid, "error", None, 0.0, message, details=details)
+            self.result.outcomes.append(outcome)
+            self.on_outcome(outcome)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         spec_session = session.config.pluginmanager.get_plugin(PLUGIN_NAME)
@@ -172,6 +177,9 @@ def pytest_args(
     # is pytest's own AssertionError instead of the test's (pytest-dev/pytest#14377)
     args += ["-c", str(ini), "--rootdir", str(upstream), "-p", "no:cacheprovider"]
     args += ["-o", "junit_family=xunit2"]
+    # a file that does not import (an upstream file newer or older than the installed torch)
+    # is that file's error result; the other files still run
+    args.append("--continue-on-collection-errors")
     if junit is not None:
         args += ["--junitxml", str(junit)]
     if collect_only:
