@@ -235,11 +235,12 @@ def main() -> int:
         total = sum(counts.values()) - unreadable  # each such file is one error result
         print(f"time to first result: {first:.0f} s" if first else "no result stored")
         print(f"time to completion: {done:.0f} s" if done else "the run did not complete")
-        print(
-            f"run: {run.get('conclusion')}, {counts}; {total} test results (and {unreadable} "
-            f"collection errors) vs {universe} in specs show "
-            f"({'none lost' if total == universe else f'DIFFERENCE {universe - total}'})"
-        )
+        if done:
+            print(
+                f"run: {run.get('conclusion')}, {counts}; {total} test results (and {unreadable} "
+                f"collection errors) vs {universe} in specs show "
+                f"({'none lost' if total == universe else f'DIFFERENCE {universe - total}'})"
+            )
         print(f"peak RSS: API {peaks['api'] / 1024:.0f} MB, worker {peaks['worker'] / 1024:.0f} MB")
         for name, mb in sorted(memory.peak.items()):
             print(f"peak memory of container {name}: {mb:.0f} MB")
