@@ -138,6 +138,33 @@ def upstream_context(
     return rt
 
 
+@contextmanager
+def served_app(rt: RelayContext) -> Iterator[str]:
+    """The relay's app behind a real HTTP server on loopback (what a browser and the CLI
+    talk to); its base URL."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from ci_relay.demo import free_port
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(rt, lambda _steps: None), port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
 def pull_request(repo: GitRepo, number: int, action: str = "opened") -> dict[str, Any]:
     """A pull_request payload of sample/pytorch: HEAD of ``repo`` against its parent."""
     return {

@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from playwright.sync_api import expect, sync_playwright
 from sqlalchemy import select
 
 from ci_relay.context import RelayContext
-from ci_relay.demo import free_port
 from ci_relay.pipeline.triage import variant_on
 from ci_relay.reporting.build import load_facts, render_callback, render_hud
 from ci_relay.reporting.github import output
@@ -34,7 +30,7 @@ from ci_relay.triage.bisect import bisect, bisect_together
 from ci_relay.triage.summary import finish
 from ci_relay.triage.verdict import ChangeFacts, Observed, classify, run_verdict
 from tests.gitrepo import GitRepo
-from tests.relay_fixtures import drain, post_webhook, upstream_context
+from tests.relay_fixtures import drain, post_webhook, served_app, upstream_context
 from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
 from tests.test_selection_agents import FakeChat
 
@@ -368,20 +364,8 @@ def test_the_dashboard_json_twin_carries_each_verdict(triaged: Triaged) -> None:
 
 @pytest.fixture(scope="module")
 def served(triaged: Triaged) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(triaged.rt, lambda _steps: None), port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with served_app(triaged.rt) as url:
+        yield url
 
 
 def test_the_verdicts_in_a_browser(triaged: Triaged, served: str, tmp_path: Path) -> None:

@@ -4,27 +4,23 @@ HTTP and in a real browser."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from playwright.sync_api import expect, sync_playwright
 from sqlalchemy import func, select
 
 from ci_relay.context import RelayContext
-from ci_relay.demo import free_port
 from ci_relay.service.app import create_app
 from ci_relay.steps import Next
 from ci_relay.store.models import Change, OutboxMessage, Run, Upgrade
 from tests.conftest import CliResult
 from tests.gitrepo import GitRepo
-from tests.relay_fixtures import DISPATCH_TOKEN, drain, upstream_context
+from tests.relay_fixtures import DISPATCH_TOKEN, drain, served_app, upstream_context
 from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.slow
@@ -226,21 +222,8 @@ def test_an_upgrade_of_an_unknown_commit_fails_with_its_reason(submitted: Submit
 @pytest.fixture(scope="module")
 def served(submitted: Submitted) -> Iterator[str]:
     """The relay app behind a real HTTP server (what a browser and the CLI talk to)."""
-    port = free_port()
-    config = uvicorn.Config(
-        create_app(submitted.rt, lambda _steps: None), port=port, log_level="warning"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with served_app(submitted.rt) as url:
+        yield url
 
 
 def test_the_comparison_page_in_a_browser(
