@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, datetime, time
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -122,11 +122,3 @@ def nightly_steps(rt: RelayContext, now: datetime | None = None, force: bool = F
         else "first",
     )
     return [Next("process", pk)]
-
-
-def next_after(settings: Settings, now: datetime) -> datetime | None:
-    """When the next nightly is due (for status output)."""
-    moment = scheduled_time(settings, now)
-    if moment is None:
-        return None
-    return moment if moment > now else moment + timedelta(days=1)

@@ -26,27 +26,8 @@ def bisect(
     """``commits`` are base's successors up to the head, oldest first; ``base`` passes and
     the last commit fails. A commit that cannot be tested (it does not build, the test is
     not there) stops the search with what it knows rather than guessing past it."""
-    if not commits:
-        raise ValueError("nothing to bisect: the range is empty")
-    low, high = -1, len(commits) - 1  # commits[low] (or base) good, commits[high] bad
-    result = Bisection(None, base, commits[high])
-    while high - low > 1:
-        if len(result.steps) >= max_steps:
-            result.note = f"stopped after {max_steps} step(s) with {high - low} commits left"
-            break
-        middle = (low + high) // 2
-        answer = probe(commits[middle])
-        result.steps.append((commits[middle], answer))
-        if answer == "skip":
-            result.note = f"stopped at {commits[middle][:12]}: the test could not run there"
-            break
-        if answer == "good":
-            low, result.good = middle, commits[middle]
-        else:
-            high, result.bad = middle, commits[middle]
-    if high - low == 1:
-        result.first_bad = commits[high]
-    return result
+    one = "test"
+    return bisect_together(base, commits, [one], lambda sha, _: {one: probe(sha)}, max_steps)[one]
 
 
 def bisect_together(
