@@ -78,26 +78,24 @@ def main() -> None:
         spec.write_text(SPEC)
         (work / "pytest.ini").write_text("[pytest]\n")
 
+        def plain_pytest(node_ids: list[str]) -> list[str]:
+            return [
+                *(sys.executable, "-B", "-m", "pytest", "-q", "-p", "no:cacheprovider"),
+                *("-c", str(work / "pytest.ini"), "--rootdir", str(root)),
+                *(str(root / n) for n in node_ids),
+            ]
+
         start = time.perf_counter()
-        subprocess.run(
-            [
-                sys.executable,
-                "-B",
-                "-m",
-                "pytest",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                "-c",
-                str(work / "pytest.ini"),
-                "--rootdir",
-                str(root),
-                str(root / "test" / "test_cpu_bound.py"),
-            ],
-            check=True,
-            capture_output=True,
-        )
+        subprocess.run(plain_pytest(tests), check=True, capture_output=True)
         plain = time.perf_counter() - start
+        # the machine's own ceiling: the same tests as two plain processes side by side
+        start = time.perf_counter()
+        pair = [
+            subprocess.Popen(plain_pytest(tests[i::2]), stdout=subprocess.DEVNULL) for i in range(2)
+        ]
+        if any(proc.wait() != 0 for proc in pair):
+            raise SystemExit("plain pytest failed on half of the tests")
+        plain_two = time.perf_counter() - start
 
         local_one = _shard("local", tests[:1], root, spec, work / "s-local1")
         container_one = _shard("container", tests[:1], root, spec, work / "s-cont1")
@@ -119,6 +117,15 @@ def main() -> None:
         print(
             f"2 shards in containers          {two:6.2f}s ({two / plain:.2f}x; "
             f"speed-up over 1 shard {one / two:.2f}x, goal >= 1.7x)"
+        )
+        print(
+            f"2 plain processes side by side  {plain_two:6.2f}s (the machine's ceiling: "
+            f"{plain / plain_two:.2f}x over one; shards reach {one / two / (plain / plain_two):.0%}"
+            " of it)"
+        )
+        print(
+            f"per-shard fixed cost            {container_one:6.2f}s (a 1-test shard in a "
+            f"container, start to result; {container_one / one:.1%} of the 1-shard run)"
         )
         print(
             f"container start per shard       {container_one - local_one:6.2f}s "

@@ -10,6 +10,7 @@ call.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Generator
 from pathlib import Path
@@ -122,9 +123,15 @@ def _module_name(module_info: Any) -> str | None:
     return f"torch.{name}" if isinstance(name, str) and name.startswith("nn.") else name
 
 
+@functools.lru_cache(maxsize=4096)
+def _resolved(path: str) -> Path:
+    """One resolve per file, not per test (a file can hold 25,000 variants)."""
+    return Path(path).resolve()
+
+
 def variant_of(item: pytest.Item, backend: Backend) -> TestVariant:
     """Name an instantiated upstream test the way spec files name it."""
-    path = Path(str(item.path)).resolve()
+    path = _resolved(str(item.path))
     cls = getattr(item, "cls", None)
     if cls is None:
         return TestVariant(path, None, getattr(item, "originalname", item.name))
@@ -218,21 +225,21 @@ class ReuseSpecSession:
     def pytest_collection_modifyitems(
         self, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
+        variants = {id(item): variant_of(item, self.backend) for item in items}  # once each
         if self.only is not None or self.deselect:
             root = (self.spec.upstream or config.rootpath).resolve()
             keep: list[pytest.Item] = []
             dropped: list[pytest.Item] = []
             for item in items:
                 wanted = item.nodeid not in self.deselect and (
-                    self.only is None
-                    or self._generic_id(variant_of(item, self.backend), root) in self.only
+                    self.only is None or self._generic_id(variants[id(item)], root) in self.only
                 )
                 (keep if wanted else dropped).append(item)
             if dropped:
                 config.hook.pytest_deselected(items=dropped)
                 items[:] = keep
         for item in items:
-            variant = variant_of(item, self.backend)
+            variant = variants[id(item)]
             decision = decide(self.spec, variant, self.label)
             if decision is None:
                 continue

@@ -458,3 +458,31 @@ def test_run_with_a_runtime_from_the_cli(
     assert 'type="crashed"' in text and 'name="test_a_ok"' in text
     unknown = cli("run", "--spec", spec, "--upstream", upstream, "--runtime", "vm")
     assert unknown.code == 2 and "unknown runtime 'vm'" in unknown.stderr
+
+
+@pytest.mark.parametrize("at_most, processes", [(3, 2), (2, 1)])
+def test_many_failures_are_not_rerun_for_flakes(
+    tmp_path: Path, at_most: int, processes: int
+) -> None:
+    """Three must-pass failures: rerun when the cap allows three, else left as failures
+    and the log says why (hundreds of failures are not flakes; a rerun would cost a
+    second collection and every failing test again)."""
+    upstream = tmp_path / "up"
+    (upstream / "test").mkdir(parents=True)
+    body = "import unittest\n\n\nclass TestMany(unittest.TestCase):\n"
+    body += "".join(f"    def test_{n}(self):\n        self.fail('no')\n\n" for n in "abc")
+    (upstream / "test" / "test_many.py").write_text(body)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("test_faults.py", "test_many.py"))
+    request = ShardRequest(
+        tests=[f"test/test_many.py::TestMany::test_{n}" for n in "abc"],
+        specs=[spec],
+        upstream=upstream,
+        scratch=tmp_path / "s",
+        rerun_at_most=at_most,
+    )
+    report = run_shard(LocalRuntime(), request)
+    assert [r.outcome for r in report.results.values()] == ["failed"] * 3
+    assert report.processes == processes
+    said = "3 must-pass failures, more than 2: not rerun to look for flakes"
+    assert (said in report.log) is (processes == 1)

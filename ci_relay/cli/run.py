@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -44,6 +45,7 @@ from reuse_specs.loader import LoadedSpec
 from reuse_specs.upstream_check import SpecDrift
 
 commands = typer.Typer()
+REDRAW_SECONDS = 0.2  # the progress bar's redraws, at most this often
 
 
 _SHORT = {
@@ -113,9 +115,14 @@ def run_specs(
         progress.update(task, total=total, description=f"{profile.name}: running")
         progress.refresh()
 
+    last_drawn = [0.0]
+
     def on_outcome(outcome: TestOutcome) -> None:
         progress.advance(task)
-        progress.refresh()
+        now = time.monotonic()
+        if now - last_drawn[0] >= REDRAW_SECONDS:  # drawing per test costs more than a skip
+            last_drawn[0] = now
+            progress.refresh()
         if outcome.outcome in BAD_OUTCOMES:
             progress.console.print(
                 f"[red]{outcome.outcome.upper()}[/] {outcome.nodeid}", soft_wrap=True

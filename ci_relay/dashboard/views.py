@@ -199,6 +199,7 @@ class ShardInfo:
     runtime: str | None = None  # container | sandbox | local (not isolated)
     error: str | None = None  # why the shard itself failed (no runtime, no checkout, ...)
     estimated_seconds: float | None = None  # what the plan expected (learned durations)
+    results: int = 0  # stored so far: a running shard streams them as its tests finish
 
     @property
     def actual_seconds(self) -> float | None:

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
 import stat
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +37,12 @@ FATAL = "Fatal Python error"  # how faulthandler starts the stack it prints on a
 OUTPUT_TAIL_BYTES = 4000  # of a dead process's output, when it printed no stack
 MAX_PROGRESS_BYTES = 256 * 1024 * 1024  # of a progress log read back (its end, if longer)
 RUNNER_FILES = ("tests-", "deselect-", "progress-")  # + specs/: what a wipe of scratch keeps
+RERUN_AT_MOST = 20
+TAIL_SECONDS = 1.0  # how often a running child's new results are handed on
+TAIL_READ_BYTES = 8 * 1024 * 1024  # at most this much new progress log per look
+
+OnResults = Callable[[list[TestOutcome]], None]
+log = logging.getLogger("ci_relay.execution")
 
 
 @dataclass
@@ -47,6 +56,9 @@ class ShardRequest:
     limits: Limits = field(default_factory=Limits)
     env: dict[str, str] = field(default_factory=dict)
     rerun_failures: bool = True
+    # more must-pass failures than this are not flakes: no rerun (it would cost a whole
+    # second collection of the shard's files and every failing test again)
+    rerun_at_most: int = RERUN_AT_MOST
 
 
 @dataclass
@@ -110,6 +122,82 @@ def _read_events(text: str) -> list[dict[str, object]]:
     return events
 
 
+def _outcome_of(event: dict[str, object]) -> TestOutcome:
+    mode = event.get("mode")
+    return TestOutcome(
+        str(event["nodeid"]),
+        str(event["outcome"]),
+        mode if isinstance(mode, str) else None,
+        float(event.get("duration") or 0.0),  # type: ignore[arg-type]
+        str(event.get("message") or ""),
+        details=str(event.get("details") or ""),
+    )
+
+
+def _open_log(path: Path) -> int | None:
+    """A read descriptor on the child's progress log if it is a regular file (never a
+    FIFO or a symlink the child put in its place)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+class ProgressTail:
+    """Hands on the results a running child has logged so far, every TAIL_SECONDS, so a
+    caller can store them before the shard ends (time to first result is one test, not
+    one shard). The shard's final report stays the record: this is only early news."""
+
+    def __init__(self, path: Path, on_results: OnResults) -> None:
+        self.path, self.on_results = path, on_results
+        self.offset, self.partial = 0, b""
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="progress-tail", daemon=True)
+
+    def __enter__(self) -> ProgressTail:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stopping.set()
+        self.thread.join()
+
+    def _loop(self) -> None:
+        while not self.stopping.wait(TAIL_SECONDS):
+            self.poll()
+
+    def poll(self) -> None:
+        fd = _open_log(self.path)
+        if fd is None:
+            return
+        try:
+            os.lseek(fd, self.offset, os.SEEK_SET)
+            chunk = os.read(fd, TAIL_READ_BYTES)
+        finally:
+            os.close(fd)
+        if not chunk:
+            return
+        self.offset += len(chunk)
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        if len(self.partial) > TAIL_READ_BYTES:  # one endless line: not a result
+            self.partial = b""
+        events = _read_events(b"\n".join(lines).decode(errors="replace"))
+        found = [_outcome_of(e) for e in events if e.get("event") == "result"]
+        if found:
+            _hand_on(self.on_results, found)
+
+
+def _hand_on(on_results: OnResults, found: list[TestOutcome]) -> None:
+    try:
+        on_results(found)
+    except Exception:  # early news only: the final report still stores everything
+        log.exception("storing %d streamed result(s) failed", len(found))
+
+
 def _write(path: Path, data: bytes) -> None:
     """A fresh file of the runner's: whatever is at ``path`` (a symlink the child planted,
     say) is removed, never written through."""
@@ -124,17 +212,14 @@ def _write(path: Path, data: bytes) -> None:
 def _read_progress(path: Path) -> str:
     """The progress log the child wrote: a regular file only (not a FIFO or a symlink it
     put there instead), at most its last MAX_PROGRESS_BYTES."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+    fd = _open_log(path)
+    if fd is None:
         return ""
-    with os.fdopen(fd, "rb") as log:
-        info = os.fstat(log.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            return ""
-        if info.st_size > MAX_PROGRESS_BYTES:
-            log.seek(info.st_size - MAX_PROGRESS_BYTES)
-        return log.read(MAX_PROGRESS_BYTES).decode(errors="replace")
+    with os.fdopen(fd, "rb") as progress:
+        size = os.fstat(progress.fileno()).st_size
+        if size > MAX_PROGRESS_BYTES:
+            progress.seek(size - MAX_PROGRESS_BYTES)
+        return progress.read(MAX_PROGRESS_BYTES).decode(errors="replace")
 
 
 def free_scratch(scratch: Path) -> None:
@@ -182,7 +267,12 @@ def _command(
 
 
 def _attempt(
-    runtime: Runtime, request: ShardRequest, tests: list[str], skip: set[str], n: int
+    runtime: Runtime,
+    request: ShardRequest,
+    tests: list[str],
+    skip: set[str],
+    n: int,
+    on_results: OnResults | None = None,
 ) -> tuple[Completed, list[dict[str, object]], str]:
     scratch = request.scratch
     scratch.mkdir(parents=True, exist_ok=True)
@@ -200,28 +290,38 @@ def _attempt(
         copy = specs_dir / f"{i}-{spec.name}"
         _write(copy, spec.read_bytes())
         specs.append(copy)
-    done = runtime.run(
-        Invocation(
-            _command(runtime.python, specs, request, tests_file, deselect_file, progress),
-            request.upstream,
-            scratch,
-            request.env,
-            request.limits,
-            outputs=(progress,),
-        )
+    invocation = Invocation(
+        _command(runtime.python, specs, request, tests_file, deselect_file, progress),
+        request.upstream,
+        scratch,
+        request.env,
+        request.limits,
+        outputs=(progress,),
     )
+    with ProgressTail(progress, on_results) if on_results else contextlib.nullcontext():
+        done = runtime.run(invocation)
     text = _read_progress(progress)
     if done.killed_for:
         free_scratch(scratch)  # over quota: the next process starts with its space back
     return done, _read_events(text), text
 
 
-def run_shard(runtime: Runtime, request: ShardRequest, max_processes: int = 50) -> ShardReport:
+def run_shard(
+    runtime: Runtime,
+    request: ShardRequest,
+    max_processes: int = 50,
+    on_results: OnResults | None = None,
+) -> ShardReport:
+    """Run the shard to the end; ``on_results`` (if given) gets results while it runs, in
+    batches, from another thread. Only the returned report is final (a rerun can turn a
+    failure into a flake)."""
     report = ShardReport()
     skip: set[str] = set()
     while report.processes < max_processes:
         report.processes += 1
-        done, events, text = _attempt(runtime, request, request.tests, skip, report.processes)
+        done, events, text = _attempt(
+            runtime, request, request.tests, skip, report.processes, on_results
+        )
         report.log.append(done.output[-4000:])
         running: str | None = None
         for event in events:
@@ -229,14 +329,7 @@ def run_shard(runtime: Runtime, request: ShardRequest, max_processes: int = 50) 
             if event["event"] == "start":
                 running = nodeid
             elif event["event"] == "result":
-                report.results[nodeid] = TestOutcome(
-                    nodeid,
-                    str(event["outcome"]),
-                    event.get("mode") if isinstance(event.get("mode"), str) else None,  # type: ignore[arg-type]
-                    float(event.get("duration") or 0.0),  # type: ignore[arg-type]
-                    str(event.get("message") or ""),
-                    details=str(event.get("details") or ""),
-                )
+                report.results[nodeid] = _outcome_of(event)
                 skip.add(nodeid)
             elif event["event"] == "end":
                 running = None
@@ -256,15 +349,13 @@ def run_shard(runtime: Runtime, request: ShardRequest, max_processes: int = 50) 
                 )
             break  # the child finished on its own
         reason = _why(done, request.per_test_timeout, text)
-        report.results[running] = TestOutcome(
-            running,
-            "crashed",
-            None,
-            0.0,
-            reason,
-            details=crash_details(reason, text, done.output),
+        crash = TestOutcome(
+            running, "crashed", None, 0.0, reason, details=crash_details(reason, text, done.output)
         )
+        report.results[running] = crash
         skip.add(running)
+        if on_results is not None:
+            _hand_on(on_results, [crash])
     if request.rerun_failures:
         _rerun_failures(runtime, request, report)
     return report
@@ -277,6 +368,12 @@ def _rerun_failures(runtime: Runtime, request: ShardRequest, report: ShardReport
         if r.outcome == "failed" and r.mode in (None, "mandatory_success")
     ]
     if not failed:
+        return
+    if len(failed) > request.rerun_at_most:
+        report.log.append(
+            f"{len(failed)} must-pass failures, more than {request.rerun_at_most}: "
+            "not rerun to look for flakes"
+        )
         return
     keep = {r.nodeid for r in failed}
     everything_else = set(report.results) - keep

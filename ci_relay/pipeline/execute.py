@@ -8,13 +8,16 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
+from sqlalchemy import delete
+
 from ci_relay.checkouts import CheckoutError, upstream_mirror
 from ci_relay.context import RelayContext
 from ci_relay.execution.choice import shard_runtime
 from ci_relay.execution.devices import claim_device
 from ci_relay.execution.outcomes import BAD_OUTCOMES
 from ci_relay.execution.runtimes import Limits, RuntimeUnavailable
-from ci_relay.execution.shard import ShardReport, ShardRequest, run_shard
+from ci_relay.execution.shard import OnResults, ShardReport, ShardRequest, run_shard
+from ci_relay.execution.spec_run import TestOutcome
 from ci_relay.steps import Next, claim_pending_or_stale
 from ci_relay.store.models import (
     Shard,
@@ -51,7 +54,13 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
         tests = list(shard.test_files)
     try:
         runtime_name, report = run_tests_at(
-            rt, backend, head, tests, log_as=f"shard {shard_id}", rerun_failures=True
+            rt,
+            backend,
+            head,
+            tests,
+            log_as=f"shard {shard_id}",
+            rerun_failures=True,
+            on_results=lambda found: _store_streamed(rt, shard_id, found),
         )
     except (RuntimeUnavailable, CheckoutError) as exc:
         log.error("shard %s of run %s not run: %s", shard_id, run_id, exc)
@@ -65,21 +74,9 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
     with rt.db.session() as session:
         shard = session.get(Shard, shard_id)
         assert shard is not None
-        for old in shard.results:
-            session.delete(old)
-        session.flush()
-        for case in results:
-            session.add(
-                TestResult(
-                    shard=shard,
-                    nodeid=case.nodeid,
-                    outcome="flaky" if case.flaky else case.outcome,
-                    mode=case.mode,
-                    duration=case.duration,
-                    message=case.message,
-                    details=case.details or None,
-                )
-            )
+        # streamed or an earlier attempt's: the final report replaces them all
+        session.execute(delete(TestResult).where(TestResult.shard_id == shard_id))
+        session.add_all(_row(shard, case) for case in results)
         shard.exit_code = code
         shard.state = ShardState.DONE if code in (0, 1) else ShardState.FAILED
         shard.log_tail = output[-8000:]
@@ -90,6 +87,28 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
     return [Next("collect", run_id)]
 
 
+def _row(shard: Shard, case: TestOutcome) -> TestResult:
+    return TestResult(
+        shard=shard,
+        nodeid=case.nodeid,
+        outcome="flaky" if case.flaky else case.outcome,
+        mode=case.mode,
+        duration=case.duration,
+        message=case.message,
+        details=case.details or None,
+    )
+
+
+def _store_streamed(rt: RelayContext, shard_id: int, found: list[TestOutcome]) -> None:
+    """Results a running shard has so far, stored as they come so the dashboard shows them;
+    the shard's end replaces them with its final report (reruns may change an outcome)."""
+    with rt.db.session() as session:
+        shard = session.get(Shard, shard_id)
+        if shard is None or shard.state != ShardState.RUNNING:
+            return
+        session.add_all(_row(shard, case) for case in found)
+
+
 def run_tests_at(
     rt: RelayContext,
     backend: str,
@@ -98,6 +117,7 @@ def run_tests_at(
     *,
     log_as: str,
     rerun_failures: bool,
+    on_results: OnResults | None = None,
 ) -> tuple[str, ShardReport]:
     """Run generic ``tests`` at upstream ``sha`` on ``backend`` in the runtime the settings
     allow, holding a device slot: a shard's work, and triage's reruns. Raises
@@ -134,6 +154,7 @@ def run_tests_at(
                 env=device.env(),
                 rerun_failures=rerun_failures,
             ),
+            on_results=on_results,
         )
     return runtime.name, report
 

@@ -131,6 +131,7 @@ def _shards(session: Session, run_ids: list[int]) -> dict[tuple[int, int], Shard
         return {}
     rows = session.execute(
         select(
+            Shard.id,
             Shard.run_id,
             Shard.index,
             Shard.state,
@@ -144,8 +145,18 @@ def _shards(session: Session, run_ids: list[int]) -> dict[tuple[int, int], Shard
             Shard.error,
         ).where(Shard.run_id.in_(run_ids))
     ).all()
+    stored = dict(
+        session.execute(
+            select(TestResult.shard_id, func.count())
+            .join(Shard, TestResult.shard_id == Shard.id)
+            .where(Shard.run_id.in_(run_ids))
+            .group_by(TestResult.shard_id)
+        ).all()
+    )
     return {
-        (r.run_id, r._mapping["index"]): from_row(ShardInfo, r, tests=int(r.tests or 0))
+        (r.run_id, r._mapping["index"]): from_row(
+            ShardInfo, r, tests=int(r.tests or 0), results=int(stored.get(r.id, 0))
+        )
         for r in rows
     }
 
