@@ -1,6 +1,7 @@
 """Run one shard so that every test gets a result, whatever any single test does.
 
-The shard's tests run in a child ``ci-relay run`` inside a runtime, logging each
+The shard's tests run in a child process (:mod:`ci_relay.execution.shard_child`) inside a
+runtime, logging each
 start and result as it happens. When the child dies (segfault, memory limit,
 per-test timeout, shard timeout), the test that was running is recorded as
 crashed, with the reason and the stack ``faulthandler`` printed as it died, and
@@ -258,7 +259,7 @@ def _command(
     deselect: Path,
     progress: Path,
 ) -> list[str]:
-    argv = [python, "-m", "ci_relay", "run", "--upstream", str(request.upstream)]
+    argv = [python, "-m", "ci_relay.execution.shard_child", "--upstream", str(request.upstream)]
     for spec in specs:
         argv += ["--spec", str(spec)]
     argv += ["--backend", request.backend, "--tests", str(tests), "--deselect", str(deselect)]
