@@ -127,7 +127,11 @@ class TestEdits(SpecModel):
 class TestEntry(SpecModel):
     __test__ = False  # not a pytest test class
 
-    names: Annotated[list[TestName], BeforeValidator(_as_list), Field(min_length=1)]
+    names: Annotated[
+        list[TestName],
+        BeforeValidator(_as_list, json_schema_input_type=str | list[str]),
+        Field(min_length=1),
+    ]
     mode: ModeName = Mode.MANDATORY_SUCCESS
     tags: list[str] = Field(default_factory=list)
     labels: list[str] = Field(default_factory=list)
@@ -177,8 +181,14 @@ class InputConfig(SpecModel):
 
 class GlobalConfig(SpecModel):
     supported_dtypes: list[DtypeItem] = Field(default_factory=list)
-    supported_ops: Annotated[list[SupportedOp] | None, BeforeValidator(_named)] = None
-    supported_modules: Annotated[list[SupportedModule] | None, BeforeValidator(_named)] = None
+    supported_ops: Annotated[
+        list[SupportedOp] | None,
+        BeforeValidator(_named, json_schema_input_type=list[str | SupportedOp] | None),
+    ] = None
+    supported_modules: Annotated[
+        list[SupportedModule] | None,
+        BeforeValidator(_named, json_schema_input_type=list[str | SupportedModule] | None),
+    ] = None
     input_config: InputConfig = Field(default_factory=InputConfig)
 
 
@@ -194,3 +204,19 @@ class SpecFile(SpecModel):
     """One YAML file: everything lives under ``test_suite_config``."""
 
     test_suite_config: TestSuiteConfig
+
+
+SCHEMA_ID = "https://ci-relay.invalid/schemas/reuse-spec.json"
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a spec file, generated from the models the loader validates with
+    (so an editor's completion and errors cannot drift from what ``specs check`` says).
+    Structure only: dtype names, test-name shapes and paths are checked by the loader."""
+    schema = SpecFile.model_json_schema(mode="validation", by_alias=True)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "ci-relay reuse spec (torch-spyre test_suite_config)",
+        **schema,
+    }

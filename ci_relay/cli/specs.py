@@ -1,4 +1,5 @@
-"""``ci-relay specs check|show``: validate reuse specs and see what they select."""
+"""``ci-relay specs check|show|schema``: validate reuse specs, see what they select, and
+give editors the format's JSON Schema."""
 
 from __future__ import annotations
 
@@ -70,6 +71,32 @@ def specs_check(
         f"[green]OK[/] {len(files)} spec file(s), {len(loaded.files)} file entries, "
         f"{tests} test entries; {scope}"
     )
+
+
+@specs_app.command("schema")
+def specs_schema(
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Write the schema here instead of to stdout."),
+    ] = None,
+) -> None:
+    """Print the JSON Schema of the spec format, for editors (completion, errors as you type).
+
+    Generated from the models the loader validates with. Put
+    ``# yaml-language-server: $schema=PATH-OR-URL`` on a spec's first line for editors that
+    use the YAML language server (VS Code's YAML extension, Neovim, Helix, ...).
+    """
+    from reuse_specs.schema import json_schema
+
+    text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise _fail(f"cannot write {output}: {exc.strerror}") from None
+    err.print(f"wrote the spec schema to {output}")
 
 
 @specs_app.command("show")
