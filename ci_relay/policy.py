@@ -33,6 +33,12 @@ class BackendPolicy(BaseModel):
         pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$",
         description="label suffix (ciflow/crcr/<device>); default: backend name",
     )
+    label: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="run only spec entries with this label on this backend (torch-spyre's "
+        "TORCH_SPYRE_TEST_TYPE); default: every entry",
+    )
 
 
 class RepositoryPolicy(BaseModel):
@@ -62,6 +68,12 @@ class Policy(BaseModel):
 
     def for_repository(self, name: str | None) -> RepositoryPolicy | None:
         return self.repositories.get(name) if name else None
+
+    def label_for(self, repository: str | None, backend: str) -> str | None:
+        """The spec label this backend runs for this repository (None: every entry)."""
+        repo = self.for_repository(repository)
+        backend_policy = repo.backends.get(backend) if repo else None
+        return backend_policy.label if backend_policy else None
 
     @staticmethod
     def runs_for(repo: RepositoryPolicy, kind: str, labels: list[str]) -> list[tuple[str, Level]]:

@@ -39,10 +39,11 @@ class SelectorConfig:
     # past results of this backend (the relay's): learned durations, failures, flakes
     observations: tuple[Observation, ...] = ()
     learn: bool = True  # rank test files with weights learned from the repository's history
+    label: str | None = None  # spec entries without this label are skipped (not in the universe)
 
 
 def spec_universe(
-    inventory: Inventory, spec: LoadedSpec | None, root: Path | None
+    inventory: Inventory, spec: LoadedSpec | None, root: Path | None, label: str | None = None
 ) -> tuple[set[TestId], dict[TestId, str], list[str]]:
     """Tests the specs can run (not mode skip), their modes, and notes on unlisted ones."""
     tests = inventory.tests()
@@ -52,7 +53,8 @@ def spec_universe(
     modes: dict[TestId, str] = {}
     unlisted: list[str] = []
     for fn in tests:
-        decision = decide(spec, TestVariant((root / fn.id.file).resolve(), fn.id.cls, fn.id.name))
+        variant = TestVariant((root / fn.id.file).resolve(), fn.id.cls, fn.id.name)
+        decision = decide(spec, variant, label)
         if decision is None or decision.mode is Mode.SKIP:
             continue
         universe.add(fn.id)
@@ -175,7 +177,9 @@ def select(
     lap("inventory")
     spec = load_specs(specs, upstream) if specs else None
     drift = find_drift(spec) if spec is not None else []
-    universe, modes, notes = spec_universe(inventory, spec, upstream.resolve() if specs else None)
+    universe, modes, notes = spec_universe(
+        inventory, spec, upstream.resolve() if specs else None, config.label
+    )
     if not universe:
         raise EmptyUniverse(
             f"the specs cover none of the {len(inventory.tests())} test(s) in "

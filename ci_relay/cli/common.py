@@ -34,7 +34,13 @@ BackendOpt = Annotated[
     str, typer.Option("--backend", help=f"Backend profile: {', '.join(sorted(BACKENDS))}.")
 ]
 LabelOpt = Annotated[
-    str | None, typer.Option("--label", help="Run only tests whose labels include this one.")
+    str | None,
+    typer.Option(
+        "--label",
+        envvar="TORCH_SPYRE_TEST_TYPE",
+        help="Run only spec entries whose labels (or their file's) include this one; the "
+        "others are skipped. Default: $TORCH_SPYRE_TEST_TYPE, as in torch-spyre.",
+    ),
 ]
 
 

@@ -191,7 +191,7 @@ def run(
         raise _fail(f"--tests {tests}: no such file")
     if runtime is not None:
         code = _run_isolated(
-            spec, upstream, backend, junit, tests, runtime, per_test_timeout, memory_mb
+            spec, upstream, backend, junit, tests, runtime, per_test_timeout, memory_mb, label
         )
         raise typer.Exit(code)
     extra: list[str] = []
@@ -228,6 +228,7 @@ def _run_isolated(
     runtime_name: str,
     per_test_timeout: float | None,
     memory_mb: int,
+    label: str | None = None,
 ) -> int:
     """The shard runner: child processes in a runtime, resumed after every crash."""
     import tempfile
@@ -259,6 +260,7 @@ def _run_isolated(
             backend=profile.name,
             per_test_timeout=per_test_timeout or 600.0,
             limits=Limits(memory_mb=memory_mb),
+            label=label,
         )
         with err.status(f"{runtime.name}: running {len(tests)} test(s)…"):
             report = run_shard(runtime, request)

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ci_relay.cli.common import LabelOpt
 from reuse_specs.errors import SpecErrors
 
 if TYPE_CHECKING:  # the selector is imported when a command runs, not on every start
@@ -59,6 +60,7 @@ def _config(
     llm_url: str | None,
     llm_model: str | None,
     patterns: list[str] | None = None,
+    label: str | None = None,
 ) -> SelectorConfig:
     from test_selection.plan import load_durations
     from test_selection.selector import SelectorConfig
@@ -76,6 +78,7 @@ def _config(
         shards=shards,
         always_run=tuple(always_run or ()),
         cache_dir=cache,
+        label=label,
     )
     if patterns:
         config.patterns = tuple(patterns)
@@ -144,13 +147,16 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option(help="Show every stage's evidence for a test.")
         ] = None,
         pattern: Annotated[list[str] | None, typer.Option(help=PATTERN_HELP)] = None,
+        label: LabelOpt = None,
     ) -> None:
         """Select the upstream tests a change needs (four stages), with reasons."""
         from test_selection.git import GitError
         from test_selection.layout import EmptyUniverse
         from test_selection.selector import select
 
-        config = _config(budget, agent, shards, durations, always_run, llm_url, llm_model, pattern)
+        config = _config(
+            budget, agent, shards, durations, always_run, llm_url, llm_model, pattern, label
+        )
         try:
             with err.status("analysing the change and ranking tests…"):
                 plan, _ = select(upstream, base, head, spec or None, config)
@@ -207,12 +213,13 @@ def register(app: typer.Typer) -> None:
         ] = 200,
         pattern: Annotated[list[str] | None, typer.Option(help=PATTERN_HELP)] = None,
         as_json: Annotated[bool, typer.Option("--json")] = False,
+        label: LabelOpt = None,
     ) -> None:
         """Replay history: hide each commit's test edits and measure what the selector finds."""
         from test_selection.evaluate import evaluate
         from test_selection.git import GitError
 
-        config = _config(budget, agent, 1, None, None, None, None, pattern)
+        config = _config(budget, agent, 1, None, None, None, None, pattern, label)
         try:
             with err.status("replaying history…") as status:
                 report = evaluate(

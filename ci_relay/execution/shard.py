@@ -60,6 +60,7 @@ class ShardRequest:
     # more must-pass failures than this are not flakes: no rerun (it would cost a whole
     # second collection of the shard's files and every failing test again)
     rerun_at_most: int = RERUN_AT_MOST
+    label: str | None = None  # only spec entries with this label run (the others: skipped)
 
 
 @dataclass
@@ -264,6 +265,8 @@ def _command(
         argv += ["--spec", str(spec)]
     argv += ["--backend", request.backend, "--tests", str(tests), "--deselect", str(deselect)]
     argv += ["--progress", str(progress), "--per-test-timeout", str(request.per_test_timeout)]
+    if request.label:
+        argv += ["--label", request.label]
     return argv
 
 

@@ -9,6 +9,7 @@ already done (drift report, summary table). Its stdout is pytest's, sent to /dev
 
     python -m ci_relay.execution.shard_child --upstream DIR --spec FILE ... --backend NAME
         --tests FILE --deselect FILE --progress FILE [--per-test-timeout SECONDS]
+        [--label LABEL]
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deselect", type=Path, required=True)
     parser.add_argument("--progress", type=Path, required=True)
     parser.add_argument("--per-test-timeout", type=float, default=None)
+    parser.add_argument("--label", default=None)
     args = parser.parse_args(argv)
     upstream = args.upstream.resolve()
     try:
@@ -59,7 +61,14 @@ def main(argv: list[str] | None = None) -> int:
         extra += ["--per-test-timeout", str(args.per_test_timeout)]
     result, _ = run_pytest(
         lambda ini: pytest_args(
-            args.spec, loaded, upstream, backend, ini, tests_file=args.tests, extra=extra
+            args.spec,
+            loaded,
+            upstream,
+            backend,
+            ini,
+            label=args.label,
+            tests_file=args.tests,
+            extra=extra,
         ),
         upstream,
     )

@@ -52,6 +52,7 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
         assert shard is not None
         run_id, backend, head = shard.run_id, shard.run.backend, shard.run.change.head_sha
         tests = list(shard.test_files)
+        label = rt.policy.label_for(shard.run.change.repository, backend)
     try:
         runtime_name, report = run_tests_at(
             rt,
@@ -61,6 +62,7 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
             log_as=f"shard {shard_id}",
             rerun_failures=True,
             on_results=lambda found: _store_streamed(rt, shard_id, found),
+            label=label,
         )
     except (RuntimeUnavailable, CheckoutError) as exc:
         log.error("shard %s of run %s not run: %s", shard_id, run_id, exc)
@@ -118,6 +120,7 @@ def run_tests_at(
     log_as: str,
     rerun_failures: bool,
     on_results: OnResults | None = None,
+    label: str | None = None,
 ) -> tuple[str, ShardReport]:
     """Run generic ``tests`` at upstream ``sha`` on ``backend`` in the runtime the settings
     allow, holding a device slot: a shard's work, and triage's reruns. Raises
@@ -153,6 +156,7 @@ def run_tests_at(
                 ),
                 env=device.env(),
                 rerun_failures=rerun_failures,
+                label=label,
             ),
             on_results=on_results,
         )

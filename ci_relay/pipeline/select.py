@@ -68,7 +68,8 @@ def select_tests(rt: RelayContext, run_id: int, stale_after: timedelta) -> list[
         return _start(rt, run_id, "upgrade", fixed, fixed["shards"], backend)
     try:
         observations = past_observations(rt, repository, backend, exclude_run=run_id)
-        plan = _plan(rt, head, base, observations, everything)
+        label = rt.policy.label_for(repository, backend)
+        plan = _plan(rt, head, base, observations, everything, label)
     except (CheckoutError, SpecErrors, EmptyUniverse) as exc:  # no commit, bad spec, no test
         log.error("run %s: selection impossible: %s", run_id, exc)
         return _run_failed(rt, run_id, f"selection failed: {exc}")
@@ -162,6 +163,7 @@ def _plan(
     base: str | None,
     observations: tuple[Observation, ...] = (),
     everything: bool = False,
+    label: str | None = None,
 ) -> TestPlan:
     """The four-stage selector's plan for head against base (or head's parent); every test
     the specs allow when ``everything``."""
@@ -187,6 +189,7 @@ def _plan(
         shards=settings.shards_per_run,
         cache_dir=cache,
         observations=observations,
+        label=label,
     )
     with mirror.tree(head) as tree:
         plan, _ = select_tests_for(tree, base, head, rt.specs, config)
