@@ -235,7 +235,7 @@ def main() -> int:
                 ]
                 if ids:
                     run = httpx.get(f"{url}/api/runs/{ids[0]}", timeout=60).json()
-                    stored = sum(int(s.get("results") or 0) for s in run.get("shards", []))
+                    stored = sum(len(s.get("results", [])) for s in run.get("shards", []))
                     if stored and first is None:
                         first = time.perf_counter() - sent
                     if run.get("state") == "completed":

@@ -10,6 +10,7 @@ call.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 from collections.abc import Callable, Generator
@@ -116,6 +117,24 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _is_device_class(cls: type) -> bool:
     return any(base.__name__ == "DeviceTypeTestBase" for base in cls.__mro__)
+
+
+HARDWARE_GENERIC = "hardware-generic: no device parameter"
+CPU_NOTE = "ran on the CPU: a hardware-generic test (no device parameter), listed in a spec"
+NOTE_PROPERTY = "reuse_spec.note"
+
+
+def hardware_generic(item: pytest.Item) -> bool:
+    """A test that never gets a device: a plain ``TestCase`` class (or a function), not one
+    PyTorch instantiated per device. A class's ``hw_classification`` decides when it has
+    one (PyTorch tags hardware-generic classes ``GENERIC``)."""
+    cls = getattr(item, "cls", None)
+    if cls is None:
+        return True
+    tagged = getattr(cls, "hw_classification", None)
+    if tagged is not None:
+        return "generic" in str(getattr(tagged, "name", tagged)).lower()
+    return not _is_device_class(cls)
 
 
 def _module_name(module_info: Any) -> str | None:
@@ -238,11 +257,21 @@ class ReuseSpecSession:
             if dropped:
                 config.hook.pytest_deselected(items=dropped)
                 items[:] = keep
+        on_device = self.backend.device_type != "cpu"
         for item in items:
             variant = variants[id(item)]
             decision = decide(self.spec, variant, self.label)
             if decision is None:
                 continue
+            if on_device and decision.mode is not Mode.SKIP and hardware_generic(item):
+                # torch-spyre's framework skips these before the body runs: they would pass
+                # on the CPU and make a green cell of a test that never touched the card
+                if decision.listed:
+                    item.user_properties.append((NOTE_PROPERTY, CPU_NOTE))
+                else:
+                    decision = dataclasses.replace(
+                        decision, mode=Mode.SKIP, reason=HARDWARE_GENERIC
+                    )
             item.stash[VARIANT_KEY] = variant
             item.stash[DECISION_KEY] = decision
             self.decided.append((item.nodeid, variant, decision))

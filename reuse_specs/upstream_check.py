@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from reuse_specs.errors import SourceLocation, SpecError, SpecErrors
 from reuse_specs.loader import FileRules, LoadedSpec, NamePattern
+from reuse_specs.modes import Mode
 from reuse_specs.upstream_index import FileTests, index_test_file
 
 DriftKind = Literal["file", "name", "unparsable"]
@@ -194,3 +195,32 @@ def check_against_upstream(spec: LoadedSpec) -> None:
     errors = _token_errors(spec) + [SpecError(d.location, d.text) for d in _drift(spec)]
     if errors:
         raise SpecErrors(errors)
+
+
+def hardware_generic_listings(spec: LoadedSpec) -> list[str]:
+    """Listed tests of plain classes (no device parameter), as ``FILE:LINE: warning`` lines:
+    under a device backend they run on the CPU, not on the card, and the result says so.
+    torch-spyre's framework warns about the same listings."""
+    warnings = []
+    for rules in spec.files:
+        indexes = [index_test_file(p) for p in rules.resolved if p.is_file()]
+        for rule in rules.rules:
+            if rule.entry.mode is Mode.SKIP:
+                continue
+            for pattern in rule.names:
+                cls = pattern.class_part
+                plain = sorted(
+                    name
+                    for tests in indexes
+                    for name, methods in tests.classes.items()
+                    if (cls is None or fnmatchcase(name, cls))
+                    and name not in tests.device_classes
+                    and any(fnmatchcase(m, pattern.method_part) for m in methods)
+                )
+                if plain:
+                    warnings.append(
+                        f"{pattern.location}: warning: {pattern.text!r} names a hardware-generic "
+                        f"test ({', '.join(plain)}: no device parameter); under a device "
+                        "backend it runs on the CPU, not on the card, and its result says so"
+                    )
+    return warnings

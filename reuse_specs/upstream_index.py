@@ -19,6 +19,9 @@ class FileTests:
     classes: dict[str, frozenset[str]]
     functions: frozenset[str]
     syntax_error: str | None = None
+    # classes the module instantiates per device (``instantiate_device_type_tests(C, ...)``):
+    # the others are hardware-generic, they never get a device
+    device_classes: frozenset[str] = frozenset()
 
 
 @lru_cache(maxsize=4096)
@@ -29,7 +32,17 @@ def _index(path: Path, mtime_ns: int) -> FileTests:
         return FileTests({}, frozenset(), f"line {exc.lineno}: {exc.msg}")
     classes: dict[str, frozenset[str]] = {}
     functions: set[str] = set()
+    device_classes: set[str] = set()
     for node in tree.body:
+        call = node.value if isinstance(node, ast.Expr) else None
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id == "instantiate_device_type_tests"
+            and call.args
+            and isinstance(call.args[0], ast.Name)
+        ):
+            device_classes.add(call.args[0].id)
         if isinstance(node, ast.ClassDef):
             classes[node.name] = frozenset(
                 item.name
@@ -39,7 +52,7 @@ def _index(path: Path, mtime_ns: int) -> FileTests:
             )
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             functions.add(node.name)
-    return FileTests(classes, frozenset(functions))
+    return FileTests(classes, frozenset(functions), device_classes=frozenset(device_classes))
 
 
 def index_test_file(path: Path) -> FileTests:

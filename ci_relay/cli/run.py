@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
@@ -80,6 +81,9 @@ def _summary(result: RunResult, drift: list[SpecDrift]) -> None:
             markup=True,
             soft_wrap=True,
         )
+    notes = Counter(o.note for o in result.outcomes if o.note)
+    for note, n in sorted(notes.items()):
+        out.print(f"[yellow]NOTE[/] {n} test variant(s) {note}", soft_wrap=True)
     for collect_error in result.collection_errors:
         out.print(f"[red]COLLECTION ERROR[/] {collect_error}", soft_wrap=True)
     _print_drift(drift, out)

@@ -29,7 +29,7 @@ from ci_relay.execution.spec_run import (
 )
 from reuse_specs.errors import SpecErrors
 from reuse_specs.loader import load_specs
-from reuse_specs.upstream_check import check_against_upstream
+from reuse_specs.upstream_check import check_against_upstream, hardware_generic_listings
 
 specs_app = typer.Typer(help="Validate and inspect reuse specs.", no_args_is_help=True)
 
@@ -56,6 +56,9 @@ def specs_check(
         _report_spec_errors(exc)
         err.print(f"[red]{len(exc.errors)} error(s)[/] in {len(files)} spec file(s)")
         raise typer.Exit(1) from None
+    if loaded.upstream is not None:
+        for warning in hardware_generic_listings(loaded):
+            out.print(warning, markup=False, soft_wrap=True)
     for where in loaded.opaque_inputs:
         out.print(
             f"{where}: note: input-generation blocks are accepted but not applied by ci-relay",

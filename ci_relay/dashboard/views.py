@@ -200,6 +200,7 @@ class ShardInfo:
     error: str | None = None  # why the shard itself failed (no runtime, no checkout, ...)
     estimated_seconds: float | None = None  # what the plan expected (learned durations)
     results: int = 0  # stored so far: a running shard streams them as its tests finish
+    cpu_only: int = 0  # hardware-generic tests a spec listed: they ran on the CPU, not the card
 
     @property
     def actual_seconds(self) -> float | None:

@@ -40,9 +40,12 @@ def write_junit(path: Path, cases: list[TestOutcome], suite: str = "ci-relay") -
             name=name,
             time=f"{case.duration:.3f}",
         )
-        if case.mode:
+        if case.mode or case.note:
             props = ET.SubElement(node, "properties")
-            ET.SubElement(props, "property", name="reuse_spec.mode", value=case.mode)
+            if case.mode:
+                ET.SubElement(props, "property", name="reuse_spec.mode", value=case.mode)
+            if case.note:
+                ET.SubElement(props, "property", name="reuse_spec.note", value=_xml(case.note))
         message = _xml(case.message or "")
         details = _xml(case.details) if case.details else None
         if case.outcome in ("failed", "xpass_strict"):

@@ -24,6 +24,7 @@ from ci_relay.execution.outcomes import (
     is_final,
     short_message,
 )
+from reuse_specs.pytest_plugin import NOTE_PROPERTY
 
 TIMEOUT_EXIT = "per-test timeout"
 
@@ -75,6 +76,7 @@ class ProgressLog:
                     "duration": report.duration,
                     "message": "" if report.passed else short_message(report),
                     "details": failure_details(report),
+                    "note": props.get(NOTE_PROPERTY) or "",
                 }
             )
 

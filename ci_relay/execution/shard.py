@@ -133,6 +133,7 @@ def _outcome_of(event: dict[str, object]) -> TestOutcome:
         float(event.get("duration") or 0.0),  # type: ignore[arg-type]
         str(event.get("message") or ""),
         details=str(event.get("details") or ""),
+        note=str(event.get("note") or "")[:500],
     )
 
 

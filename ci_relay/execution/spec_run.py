@@ -28,7 +28,7 @@ from ci_relay.execution.outcomes import (
 from reuse_specs.backends import Backend
 from reuse_specs.loader import LoadedSpec
 from reuse_specs.matching import Decision, TestVariant
-from reuse_specs.pytest_plugin import PLUGIN_NAME, ReuseSpecSession
+from reuse_specs.pytest_plugin import NOTE_PROPERTY, PLUGIN_NAME, ReuseSpecSession
 
 EXIT_OK = 0
 EXIT_TESTS_FAILED = 1
@@ -54,6 +54,7 @@ class TestOutcome:
     message: str = ""
     flaky: bool = False
     details: str = ""
+    note: str = ""  # what the result does not say by itself (e.g. it ran on the CPU)
 
 
 @dataclass
@@ -116,7 +117,8 @@ class _ResultCollector:
         final = is_final(report)
         if not final:
             return
-        mode = dict(report.user_properties).get("reuse_spec.mode")
+        props = dict(report.user_properties)
+        mode = props.get("reuse_spec.mode")
         outcome = TestOutcome(
             nodeid=report.nodeid,
             outcome=classify(report),
@@ -124,6 +126,7 @@ class _ResultCollector:
             duration=report.duration,
             message="" if report.passed else short_message(report),
             details=failure_details(report),
+            note=str(props.get(NOTE_PROPERTY) or ""),
         )
         self.result.outcomes.append(outcome)
         self.on_outcome(outcome)

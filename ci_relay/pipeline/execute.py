@@ -98,6 +98,7 @@ def _row(shard: Shard, case: TestOutcome) -> TestResult:
         duration=case.duration,
         message=case.message,
         details=case.details or None,
+        note=case.note or None,
     )
 
 

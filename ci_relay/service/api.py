@@ -73,6 +73,8 @@ def run_json(run: Run, with_results: bool = False) -> dict[str, Any]:
                 "runtime": s.runtime,
                 "isolated": None if s.runtime is None else s.runtime != "local",
                 "error": s.error,
+                "started_at": _iso(s.started_at),
+                "finished_at": _iso(s.finished_at),
                 "results": [
                     {
                         "nodeid": r.nodeid,
@@ -81,6 +83,7 @@ def run_json(run: Run, with_results: bool = False) -> dict[str, Any]:
                         "duration": r.duration,
                         "message": r.message,
                         "details": r.details,
+                        "note": r.note,
                     }
                     for r in s.results
                 ],

@@ -218,6 +218,8 @@ class TestResult(Base):
     message: Mapped[str | None] = mapped_column(Text)  # one line, for lists
     # the whole failure text (pytest's longrepr, or a crash's reason and stack), <= 64 KB
     details: Mapped[str | None] = mapped_column(Text)
+    # what the outcome does not say by itself: "ran on the CPU" for a hardware-generic test
+    note: Mapped[str | None] = mapped_column(String(500))
 
     shard: Mapped[Shard] = relationship(back_populates="results")
 

@@ -145,17 +145,22 @@ def _shards(session: Session, run_ids: list[int]) -> dict[tuple[int, int], Shard
             Shard.error,
         ).where(Shard.run_id.in_(run_ids))
     ).all()
-    stored = dict(
-        session.execute(
-            select(TestResult.shard_id, func.count())
+    stored = {
+        shard_id: (int(n), int(noted or 0))
+        for shard_id, n, noted in session.execute(
+            select(TestResult.shard_id, func.count(), func.count(TestResult.note))
             .join(Shard, TestResult.shard_id == Shard.id)
             .where(Shard.run_id.in_(run_ids))
             .group_by(TestResult.shard_id)
         ).all()
-    )
+    }
     return {
         (r.run_id, r._mapping["index"]): from_row(
-            ShardInfo, r, tests=int(r.tests or 0), results=int(stored.get(r.id, 0))
+            ShardInfo,
+            r,
+            tests=int(r.tests or 0),
+            results=stored.get(r.id, (0, 0))[0],
+            cpu_only=stored.get(r.id, (0, 0))[1],
         )
         for r in rows
     }
