@@ -109,7 +109,24 @@ class LoadedSpec:
     files: list[FileRules]
     labels: tuple[str, ...]
     upstream: Path | None
-    opaque_inputs: list[SourceLocation] = field(default_factory=list)
+    # input-generation keys ci-relay reads but cannot apply: (key, where it is written)
+    opaque_inputs: list[tuple[str, SourceLocation]] = field(default_factory=list)
+
+    def input_generation(self) -> tuple[list[str], list[str]]:
+        """What the spec's input-generation keys do here: (applied, not applied), as lines
+        for ``specs show`` and a run's summary."""
+        seeds = {
+            f"global.input_config.seed {r.global_config.input_config.seed} for {r.raw_path}: "
+            "torch.manual_seed(seed) right before each test's body"
+            for r in self.files
+            if r.global_config.input_config.seed is not None
+        }
+        not_applied = [
+            f"{key} at {where}: not applied (a Python callable or input list in torch-spyre's "
+            "framework; the test uses PyTorch's own OpInfo/ModuleInfo sample inputs)"
+            for key, where in self.opaque_inputs
+        ]
+        return sorted(seeds), not_applied
 
     def test_files(self) -> list[Path]:
         """Every upstream test file the spec covers, each once, in spec order."""
@@ -287,9 +304,15 @@ def _file_rules(doc: YamlDocument, spec: SpecFile, tokens: Mapping[str, str]) ->
     return out
 
 
-def _opaque_locations(doc: YamlDocument) -> list[SourceLocation]:
-    keys = {"sample_inputs_func", "constructor_inputs", "forward_inputs"}
-    return [doc.locate_key(path) for path in doc.key_marks if path and path[-1] in keys]
+OPAQUE_INPUT_KEYS = ("sample_inputs_func", "constructor_inputs", "forward_inputs")
+
+
+def _opaque_locations(doc: YamlDocument) -> list[tuple[str, SourceLocation]]:
+    return [
+        (str(path[-1]), doc.locate_key(path))
+        for path in doc.key_marks
+        if path and path[-1] in OPAQUE_INPUT_KEYS
+    ]
 
 
 def _conflicting_globals(files: list[FileRules]) -> list[SpecError]:
@@ -363,7 +386,7 @@ def load_specs(
     errors: list[SpecError] = []
     files: list[FileRules] = []
     labels: dict[str, None] = {}
-    opaque: list[SourceLocation] = []
+    opaque: list[tuple[str, SourceLocation]] = []
     sources: list[str] = []
     for path in paths:
         sources.append(str(path))

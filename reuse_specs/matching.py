@@ -45,6 +45,7 @@ class Decision:
     precision: Precision | None = None
     no_grad: bool = False
     cpu_move: tuple[str, ...] = ()
+    seed: int | None = None  # global.input_config.seed: torch.manual_seed before the test
 
 
 def _pattern_matches(pattern: NamePattern, variant: TestVariant) -> bool:
@@ -211,4 +212,5 @@ def _apply_limits(
         precision,
         base.no_grad,
         base.cpu_move,
+        rules.global_config.input_config.seed,
     )

@@ -25,6 +25,7 @@ from reuse_specs.errors import SpecErrors
 from reuse_specs.loader import LoadedSpec, load_specs
 from reuse_specs.matching import Decision, TestVariant, decide
 from reuse_specs.modes import Mode
+from reuse_specs.op_includes import register as register_includes
 from reuse_specs.schema import Precision
 
 DECISION_KEY = pytest.StashKey[Decision]()
@@ -84,6 +85,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
     # PyTorch's device-generic framework reads these when test modules import it.
     backend.apply_env(os.environ)
+    register_includes(spec)  # before the test modules import: their @ops lists grow
     tags = {tag for f in spec.files for r in f.rules for tag in r.entry.tags}
     tags |= {
         tag
@@ -214,6 +216,23 @@ def _move_tensor_args_to_cpu(instance: Any, method_name: str) -> None:
     setattr(instance, method_name, moved)
 
 
+def _seed_before_body(instance: Any, seed: int) -> None:
+    """``torch.manual_seed(seed)`` after the test's ``setUp`` (a unittest case runs its
+    ``setUp`` inside the call, and PyTorch's seeds with its own SEED there)."""
+    import torch
+
+    setup: Callable[[], None] | None = getattr(instance, "setUp", None)
+    if setup is None:
+        torch.manual_seed(seed)
+        return
+
+    def seeded() -> None:
+        setup()
+        torch.manual_seed(seed)
+
+    instance.setUp = seeded
+
+
 class ReuseSpecSession:
     """Per-session state: the merged spec, the backend and every decision made."""
 
@@ -297,9 +316,13 @@ class ReuseSpecSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
         decision = item.stash.get(DECISION_KEY, None)
-        if decision is None or not (decision.precision or decision.no_grad or decision.cpu_move):
+        if decision is None or not (
+            decision.precision or decision.no_grad or decision.cpu_move or decision.seed is not None
+        ):
             return (yield)
         instance = getattr(item, "instance", None) or getattr(item, "_testcase", None)
+        if decision.seed is not None:
+            _seed_before_body(instance, decision.seed)
         if instance is not None:
             if decision.precision is not None:
                 _override_precision(instance, decision.precision)

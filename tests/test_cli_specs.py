@@ -230,7 +230,7 @@ def test_check_accepts_bundled_and_every_key_specs(
     assert "OK 4 spec file(s)" in structure.stdout and "structure only" in structure.stdout
     every_key = cli("specs", "check", DATA / "every_key.yaml", "--upstream", sample_upstream.path)
     assert every_key.code == 0, every_key.output
-    assert "note: input-generation blocks are accepted but not applied" in every_key.stdout
+    assert "note: sample_inputs_func is accepted but not applied by ci-relay" in every_key.stdout
     full = cli("specs", "check", BUNDLED_SPECS, "--upstream", sample_upstream.path)
     assert full.code == 0, full.output
     assert f"against {sample_upstream.path}" in full.stdout

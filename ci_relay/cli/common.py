@@ -107,6 +107,15 @@ def _load_for_run(
     return loaded, profile, root, drift
 
 
+def _print_input_generation(loaded: LoadedSpec, console: Console) -> None:
+    """Which input-generation keys a run applies and which it cannot (torch-spyre's)."""
+    applied, not_applied = loaded.input_generation()
+    for line in applied:
+        console.print(f"[green]input generation applied:[/] {line}", soft_wrap=True)
+    for line in not_applied:
+        console.print(f"[yellow]input generation NOT applied:[/] {line}", soft_wrap=True)
+
+
 def _print_drift(drift: list[SpecDrift], console: Console) -> None:
     """The spec's drift as warnings: one line each, with the likely rename."""
     if not drift:

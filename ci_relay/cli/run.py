@@ -27,6 +27,7 @@ from ci_relay.cli.common import (
     _fail,
     _load_for_run,
     _print_drift,
+    _print_input_generation,
     _relative,
     _settings,
     _spec_files,
@@ -151,6 +152,7 @@ def run_specs(
         )
     result.junit = junit
     _summary(result, drift)
+    _print_input_generation(loaded, out)
     if junit is not None:
         out.print(f"JUnit XML: {junit}")
     return result
@@ -272,6 +274,7 @@ def _run_isolated(
     if report.error:
         result.collection_errors.append(report.error + "\n" + "\n".join(report.log[-1:]))
     _summary(result, drift)
+    _print_input_generation(loaded, out)
     flaky = [r.nodeid for r in report.results.values() if r.flaky]
     for nodeid in flaky:
         out.print(f"[yellow]FLAKY[/] {nodeid}", soft_wrap=True)

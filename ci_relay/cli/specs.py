@@ -17,6 +17,7 @@ from ci_relay.cli.common import (
     _check_backend,
     _fail,
     _load_for_run,
+    _print_input_generation,
     _report_spec_errors,
     _settings,
     _spec_files,
@@ -59,9 +60,9 @@ def specs_check(
     if loaded.upstream is not None:
         for warning in hardware_generic_listings(loaded):
             out.print(warning, markup=False, soft_wrap=True)
-    for where in loaded.opaque_inputs:
+    for key, where in loaded.opaque_inputs:
         out.print(
-            f"{where}: note: input-generation blocks are accepted but not applied by ci-relay",
+            f"{where}: note: {key} is accepted but not applied by ci-relay",
             markup=False,
         )
     tests = sum(len(f.rules) for f in loaded.files)
@@ -129,6 +130,7 @@ def specs_show(
     for failed in unreadable:
         err.print(f"[red]COLLECTION ERROR[/] {failed.nodeid}: {failed.message}", soft_wrap=True)
     _show(decided, profile.name, as_json)
+    _print_input_generation(loaded, err if as_json else out)
     if unreadable:  # the listing is partial: say so in the exit code too
         raise _fail(
             f"{len(unreadable)} file(s) could not be collected; the other variants are listed", 1

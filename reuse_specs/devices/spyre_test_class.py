@@ -63,6 +63,15 @@ def spyre_test_class() -> type:
         primary_device = f"{name}:0"
 
         @classmethod
+        def _apply_op_overrides(cls, ops: Any, test: Any = None) -> None:
+            # the spec's edits.ops.include join the test's @ops list, as on torch-spyre
+            from reuse_specs.op_includes import extend_op_list
+
+            if test is not None:
+                extend_op_list(ops, test)
+            super()._apply_op_overrides(ops, test)
+
+        @classmethod
         def setUpClass(cls) -> None:
             super().setUpClass()
             # Open the device (its process lock) once per class: a card held by another
