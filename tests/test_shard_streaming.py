@@ -105,3 +105,20 @@ def test_the_tail_never_reads_through_a_symlink(tmp_path: Path) -> None:
     batches: list[object] = []
     ProgressTail(log, batches.append).poll()
     assert batches == []
+
+
+def test_lines_the_test_code_forged_are_dropped_not_trusted(tmp_path: Path) -> None:
+    """The test shares the child's process and may write into the log: a result without a
+    node id, a list, or a bad duration must not stop the tail (or the shard runner)."""
+    log = tmp_path / "progress.jsonl"
+    forged = [
+        {"event": "result", "outcome": "passed"},
+        ["not", "an", "event"],
+        {"event": "result", "nodeid": 5, "outcome": "passed"},
+        {"event": "explode", "nodeid": "t::x"},
+        {"event": "result", "nodeid": "t::c", "outcome": "passed", "duration": "abc"},
+    ]
+    log.write_text("".join(json.dumps(f) + "\n" for f in forged))
+    seen: list[TestOutcome] = []
+    ProgressTail(log, seen.extend).poll()
+    assert [(o.nodeid, o.duration) for o in seen] == [("t::c", 0.0)]

@@ -1,8 +1,7 @@
 """Run one shard so that every test gets a result, whatever any single test does.
 
 The shard's tests run in a child process (:mod:`ci_relay.execution.shard_child`) inside a
-runtime, logging each
-start and result as it happens. When the child dies (segfault, memory limit,
+runtime, logging each start and result as it happens. When the child dies (segfault, memory limit,
 per-test timeout, shard timeout), the test that was running is recorded as
 crashed, with the reason and the stack ``faulthandler`` printed as it died, and
 the child is started again for the tests not yet run, as PyTorch's ``run_test``
@@ -113,14 +112,26 @@ def crash_details(reason: str, progress_text: str, output: str) -> str:
     return head_and_tail(f"{reason}\n\n{stack}" if stack else reason, MAX_DETAILS_BYTES)
 
 
+EVENTS = ("start", "result", "end")
+
+
 def _read_events(text: str) -> list[dict[str, object]]:
+    """The log's well-formed events; the test code shares the child's process and can
+    write anything there, so a line that is not one of ours is dropped, never trusted."""
     events = []
     for line in text.splitlines():
         if line.startswith("{"):
             try:
-                events.append(json.loads(line))
+                event = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by the crash
+            if (
+                isinstance(event, dict)
+                and event.get("event") in EVENTS
+                and isinstance(event.get("nodeid"), str)
+                and (event["event"] != "result" or isinstance(event.get("outcome"), str))
+            ):
+                events.append(event)
     return events
 
 
@@ -130,11 +141,18 @@ def _outcome_of(event: dict[str, object]) -> TestOutcome:
         str(event["nodeid"]),
         str(event["outcome"]),
         mode if isinstance(mode, str) else None,
-        float(event.get("duration") or 0.0),  # type: ignore[arg-type]
+        _seconds(event.get("duration")),
         str(event.get("message") or ""),
         details=str(event.get("details") or ""),
         note=str(event.get("note") or "")[:500],
     )
+
+
+def _seconds(value: object) -> float:
+    try:
+        return max(0.0, float(value or 0.0))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _open_log(path: Path) -> int | None:
