@@ -47,7 +47,7 @@ runner_wheels() {  # torch and the runner side of ci-relay (its own wheel withou
   rm -f "$wheels"/ci_relay-*.whl
   rm -rf "$root/build"  # setuptools never prunes build/lib: a deleted module would ship
   SOURCE_DATE_EPOCH=315532800 python3 -m pip wheel -q --no-deps -w "$wheels" "$root" >/dev/null
-  python3 -m pip download -q -d "$wheels" torch==2.13.0 expecttest numpy \
+  python3 -m pip download -q -d "$wheels" torch==2.13.0 expecttest numpy "scipy>=1.11,<2" \
     "pytest>=8,<10" "pydantic>=2.7,<3" "pydantic-settings>=2.4,<3" "PyYAML>=6,<7" \
     "typer>=0.12,<1" "rich>=13.7,<16" "filelock>=4.3.1,<5"
   echo "$work/runner"
