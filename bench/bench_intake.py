@@ -302,6 +302,11 @@ def main() -> None:
         help="also compare this tree's intake with REV's (e.g. the commit before a change)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --previous")
+    parser.add_argument(
+        "--no-publish",
+        action="store_true",
+        help="diagnosis: the relay stores each delivery but publishes no queue message",
+    )
     args = parser.parse_args()
     if args.previous:
         _compare_previous(args.previous, args.count, args.rate, args.rounds)
@@ -315,6 +320,9 @@ def main() -> None:
             "repositories:\n  Codertocat/Hello-World:\n    backends:\n      cpu: {level: L2}\n"
         )
         base = {"CI_RELAY_WEBHOOK_SECRET": SECRET, "CI_RELAY_POLICY_FILE": str(policy)}
+        if args.no_publish:
+            base["BENCH_NO_PUBLISH"] = "1"
+            print("(diagnosis: no queue message is published)")
         bare = _run("bare FastAPI 202", "bare", {}, args.rate, args.count, None)
         sqlite_url = f"sqlite:///{tmp}/relay.db"
         sqlite = _run(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -38,6 +39,8 @@ def relay_app() -> FastAPI:
 
     rt = configure(Settings())
     rt.db.upgrade()
+    if os.environ.get("BENCH_NO_PUBLISH"):  # diagnosis: the request path without the queue
+        return create_app(rt, lambda _steps: None)
     return create_app(rt, BackgroundPublisher(enqueue).submit)  # as `ci-relay serve` does
 
 
