@@ -344,3 +344,24 @@ def test_same_delivery_100_times_concurrently(database_url: str, tmp_path: Path)
         server.should_exit = True
         thread.join(timeout=10)
         rt.db.dispose()
+
+
+def test_the_api_lets_requests_in_between_the_publishers_work(tmp_path: Path) -> None:
+    """The app shortens the GIL switch interval while it serves (the publisher thread's
+    Celery sends otherwise make waiting webhook requests the p99 tail: bench/README), and
+    gives the process its own interval back when it stops."""
+    import sys
+
+    from fastapi.testclient import TestClient
+
+    from ci_relay.context import RelayContext
+    from ci_relay.service.app import GIL_SWITCH_SECONDS, create_app
+    from tests.relay_fixtures import make_settings
+
+    before = sys.getswitchinterval()
+    rt = RelayContext(make_settings(f"sqlite:///{tmp_path / 'relay.db'}", tmp_path))
+    rt.db.upgrade()
+    with TestClient(create_app(rt, lambda _steps: None)):
+        assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_SECONDS)
+    assert sys.getswitchinterval() == pytest.approx(before)
+    rt.db.dispose()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -16,6 +17,12 @@ from ci_relay.metrics import Metrics
 from ci_relay.service import api
 from ci_relay.steps import Next
 
+# How long a thread may hold the GIL while another waits (Python's default: 5 ms). The
+# publisher thread builds and sends a Celery message per delivery (about 0.8 ms of CPU); at
+# the default, a webhook request waiting behind it took up to 28-68 ms at p99 on PostgreSQL
+# + Redis, and 13-17 ms at 0.5 ms (bench/bench_intake.py, bench/README).
+GIL_SWITCH_SECONDS = 0.0005
+
 
 def create_app(
     rt: RelayContext,
@@ -28,9 +35,12 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         checkpoints = rt.db.defer_checkpoints()  # SQLite: off the request path
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(GIL_SWITCH_SECONDS)
         try:
             yield
         finally:
+            sys.setswitchinterval(switch)
             audit_log.flush()  # counts of rejections still only in memory
             if checkpoints is not None:
                 checkpoints.set()
