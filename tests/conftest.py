@@ -57,7 +57,9 @@ def cli(tmp_path: Path) -> Callable[..., CliResult]:
     """Run the real ``ci-relay`` command line in a subprocess."""
 
     def run(*args: str | Path, env: dict[str, str] | None = None) -> CliResult:
-        full_env = {k: v for k, v in os.environ.items() if k != "TORCH_ROOT"}
+        # the caller's own upstream and spec label would change what the command does
+        ambient = ("TORCH_ROOT", "TORCH_SPYRE_TEST_TYPE")
+        full_env = {k: v for k, v in os.environ.items() if k not in ambient}
         full_env.update({"COLUMNS": "200", "PYTHONDONTWRITEBYTECODE": "1"})
         full_env.update(env or {})
         proc = subprocess.run(

@@ -6,11 +6,9 @@ file, the run summary and the dashboard); ``specs check`` warns about such listi
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -89,19 +87,8 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _ci_relay(*args: str, cwd: Path) -> CliResult:
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_ROOT", "TORCH_SPYRE_TEST_TYPE")}
-    env.update(COLUMNS="200", SPYRE_EMU_LOCK_DIR=str(cwd))
-    proc = subprocess.run(
-        [sys.executable, "-m", "ci_relay", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=600,
-        check=False,
-    )
-    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+def _emu_env(tmp_path: Path) -> dict[str, str]:
+    return {"SPYRE_EMU_LOCK_DIR": str(tmp_path)}  # its own emulated card
 
 
 def _cases(junit: Path) -> dict[str, tuple[str, str, dict[str, str]]]:
@@ -120,12 +107,13 @@ def _cases(junit: Path) -> dict[str, tuple[str, str, dict[str, str]]]:
 
 @pytest.mark.parametrize("runtime", [None, "sandbox"])
 def test_under_spyre_emu_plain_tests_skip_unless_listed(
-    tree: Path, tmp_path: Path, runtime: str | None
+    cli: Callable[..., CliResult], tree: Path, tmp_path: Path, runtime: str | None
 ) -> None:
     junit = tmp_path / "junit.xml"
     args = ["run", "--spec", str(tree.parent / "spec.yaml"), "--upstream", str(tree)]
     args += ["--backend", "spyre-emu", "--junit", str(junit)]
-    result = _ci_relay(*args, *(["--runtime", runtime] if runtime else []), cwd=tmp_path)
+    args += ["--runtime", runtime] if runtime else []
+    result = cli(*args, env=_emu_env(tmp_path))
     assert result.code == 0, result.output
     cases = _cases(junit)
     assert cases["test_add_spyre"][0] == "passed"
@@ -139,11 +127,13 @@ def test_under_spyre_emu_plain_tests_skip_unless_listed(
     assert f"NOTE 1 test variant(s) {CPU_NOTE}" in result.stdout
 
 
-def test_on_the_cpu_backend_nothing_changes(tree: Path, tmp_path: Path) -> None:
+def test_on_the_cpu_backend_nothing_changes(
+    cli: Callable[..., CliResult], tree: Path, tmp_path: Path
+) -> None:
     junit = tmp_path / "junit.xml"
-    result = _ci_relay(
-        "run", "--spec", str(tree.parent / "spec.yaml"), "--upstream", str(tree),
-        "--junit", str(junit), cwd=tmp_path,
+    result = cli(
+        "run", "--spec", tree.parent / "spec.yaml", "--upstream", tree, "--junit", junit,
+        env=_emu_env(tmp_path),
     )  # fmt: skip
     assert result.code == 0, result.output
     cases = _cases(junit)
@@ -157,10 +147,10 @@ def test_on_the_cpu_backend_nothing_changes(tree: Path, tmp_path: Path) -> None:
     assert not any("reuse_spec.note" in c[2] for c in cases.values())
 
 
-def test_specs_check_warns_about_listed_plain_tests(tree: Path, tmp_path: Path) -> None:
-    result = _ci_relay(
-        "specs", "check", str(tree.parent / "spec.yaml"), "--upstream", str(tree), cwd=tmp_path
-    )
+def test_specs_check_warns_about_listed_plain_tests(
+    cli: Callable[..., CliResult], tree: Path
+) -> None:
+    result = cli("specs", "check", tree.parent / "spec.yaml", "--upstream", tree)
     assert result.code == 0, result.output
     warnings = [line for line in result.stdout.splitlines() if ": warning: " in line]
     assert len(warnings) == 1

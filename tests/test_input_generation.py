@@ -4,12 +4,12 @@ and ``specs show`` and the run summary say which keys are applied and which are 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import CliResult
 
 TEST = """\
 import torch
@@ -50,35 +50,37 @@ test_suite_config:
 """
 
 
-def _ci_relay(tmp_path: Path, seed: int, *args: str) -> subprocess.CompletedProcess[str]:
+def _ci_relay(cli: Callable[..., CliResult], tmp_path: Path, seed: int, *command: str) -> CliResult:
+    """``specs show`` or ``run`` of the seeded test on spyre-emu."""
     up = tmp_path / "up"
     (up / "test").mkdir(parents=True, exist_ok=True)
     (up / "test" / "test_seeded.py").write_text(TEST)
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.format(seed=seed))
-    env = {k: v for k, v in os.environ.items() if k != "TORCH_ROOT"}
-    env.update(SPYRE_EMU_LOCK_DIR=str(tmp_path), COLUMNS="300")
-    spec_args = ["--spec", str(spec)] if args[0] == "run" else [str(spec)]
-    return subprocess.run(
-        [sys.executable, "-m", "ci_relay", *args, *spec_args, "--upstream", str(up),
-         "--backend", "spyre-emu"],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
+    spec_args = ("--spec", spec) if command[0] == "run" else (spec,)
+    return cli(
+        *command, *spec_args, "--upstream", up, "--backend", "spyre-emu",
+        env={"SPYRE_EMU_LOCK_DIR": str(tmp_path)},
     )  # fmt: skip
 
 
 @pytest.mark.parametrize("seed, code", [(77, 0), (78, 1)])
-def test_the_seed_is_applied_before_the_body(tmp_path: Path, seed: int, code: int) -> None:
-    done = _ci_relay(tmp_path, seed, "run")
-    assert done.returncode == code, done.stdout + done.stderr
+def test_the_seed_is_applied_before_the_body(
+    cli: Callable[..., CliResult], tmp_path: Path, seed: int, code: int
+) -> None:
+    done = _ci_relay(cli, tmp_path, seed, "run")
+    assert done.code == code, done.stdout + done.stderr
     assert f"input generation applied: global.input_config.seed {seed}" in done.stdout
 
 
-def test_specs_show_and_the_summary_say_what_is_not_applied(tmp_path: Path) -> None:
-    shown = _ci_relay(tmp_path, 77, "specs", "show")
-    assert shown.returncode == 0, shown.stderr
+def test_specs_show_and_the_summary_say_what_is_not_applied(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    shown = _ci_relay(cli, tmp_path, 77, "specs", "show")
+    assert shown.code == 0, shown.stderr
     lines = [line for line in shown.stdout.splitlines() if "input generation" in line]
     assert lines[0].startswith("input generation applied: global.input_config.seed 77")
     assert lines[1].startswith("input generation NOT applied: sample_inputs_func at ")
     assert "spec.yaml:11:19" in lines[1]
-    ran = _ci_relay(tmp_path, 77, "run")
+    ran = _ci_relay(cli, tmp_path, 77, "run")
     assert "input generation NOT applied: sample_inputs_func at " in ran.stdout

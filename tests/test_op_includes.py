@@ -6,12 +6,12 @@ the test has only its upstream ops."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import CliResult
 
 UPSTREAM = """\
 import torch
@@ -46,31 +46,36 @@ test_suite_config:
 INCLUDE = "          edits:\n            ops:\n              include: [{name: neg}]"
 
 
-def _ci_relay(tmp_path: Path, include: bool, *args: str) -> subprocess.CompletedProcess[str]:
+def _write(tmp_path: Path, include: bool) -> tuple[Path, Path]:
+    """The upstream tree and the spec (with or without the include)."""
     up = tmp_path / "up"
     (up / "test").mkdir(parents=True, exist_ok=True)
     (up / "test" / "test_opinc.py").write_text(UPSTREAM)
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.format(edits=INCLUDE if include else ""))
-    env = {k: v for k, v in os.environ.items() if k != "TORCH_ROOT"}
-    env.update(SPYRE_EMU_LOCK_DIR=str(tmp_path), COLUMNS="200")
-    spec_args = ["--spec", str(spec)] if args[0] == "run" else [str(spec)]
-    return subprocess.run(
-        [sys.executable, "-m", "ci_relay", *args, *spec_args, "--upstream", str(up),
-         "--backend", "spyre-emu"],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
-    )  # fmt: skip
+    return up, spec
 
 
-def _variants(tmp_path: Path, include: bool) -> dict[tuple[str | None, str | None], str]:
-    shown = _ci_relay(tmp_path, include, "specs", "show", "--json")
-    assert shown.returncode == 0, shown.stderr
+def _on_emu(up: Path) -> tuple[str, ...]:
+    return ("--upstream", str(up), "--backend", "spyre-emu")
+
+
+def _variants(
+    cli: Callable[..., CliResult], tmp_path: Path, include: bool
+) -> dict[tuple[str | None, str | None], str]:
+    up, spec = _write(tmp_path, include)
+    shown = cli(
+        "specs", "show", spec, *_on_emu(up), "--json", env={"SPYRE_EMU_LOCK_DIR": str(tmp_path)}
+    )
+    assert shown.code == 0, shown.stderr
     return {(r["op"], r["dtype"]): r["mode"] for r in json.loads(shown.stdout)}
 
 
 @pytest.mark.parametrize("include", [False, True], ids=["upstream ops", "with include"])
-def test_an_included_op_gets_variants_with_the_specs_dtypes(tmp_path: Path, include: bool) -> None:
-    variants = _variants(tmp_path, include)
+def test_an_included_op_gets_variants_with_the_specs_dtypes(
+    cli: Callable[..., CliResult], tmp_path: Path, include: bool
+) -> None:
+    variants = _variants(cli, tmp_path, include)
     ops = {op for op, _ in variants}
     assert "abs" in ops
     assert ("neg" in ops) is include
@@ -82,9 +87,12 @@ def test_an_included_op_gets_variants_with_the_specs_dtypes(tmp_path: Path, incl
         assert runnable == {"float32"}  # the spec's supported_dtypes
 
 
-def test_the_included_op_runs_on_the_card(tmp_path: Path) -> None:
-    done = _ci_relay(tmp_path, True, "run", "--junit", str(tmp_path / "junit.xml"))
-    assert done.returncode == 0, done.stdout + done.stderr
+def test_the_included_op_runs_on_the_card(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    up, spec = _write(tmp_path, True)
+    junit = tmp_path / "junit.xml"
+    env = {"SPYRE_EMU_LOCK_DIR": str(tmp_path)}
+    done = cli("run", "--spec", spec, *_on_emu(up), "--junit", junit, env=env)
+    assert done.code == 0, done.stdout + done.stderr
     junit = (tmp_path / "junit.xml").read_text()
     assert 'name="test_runs_neg_spyre_float32"' in junit
     assert 'name="test_runs_abs_spyre_float32"' in junit
