@@ -41,7 +41,7 @@ from pathlib import Path
 
 from ci_relay.execution.runtimes import Invocation, Limits, Runtime, get_runtime, work_dir
 from ci_relay.execution.shard import ShardReport, ShardRequest, run_shard
-from reuse_specs.upstream_index import index_test_file
+from reuse_specs.upstream_index import generic_test_ids
 
 SPEC = """
 test_suite_config:
@@ -131,10 +131,7 @@ def main() -> None:
     if test_file.parent.name != "test" or not test_file.is_file():
         sys.exit(f"{args.file}: expected ROOT/test/<file>.py (a PyTorch-shaped folder)")
     runtime = get_runtime(args.runtime, args.backend)
-    rel = test_file.relative_to(root).as_posix()
-    index = index_test_file(test_file)
-    tests = [f"{rel}::{c}::{m}" for c, methods in index.classes.items() for m in sorted(methods)]
-    tests += [f"{rel}::{f}" for f in sorted(index.functions) if f.startswith("test")]
+    tests = generic_test_ids(test_file, root)
     with tempfile.TemporaryDirectory(prefix="bench-shard-") as tmp:
         work = Path(tmp)
         spec = work / "spec.yaml"

@@ -55,15 +55,22 @@ class SpecDrift:
         }
 
 
+def _matching_classes(pattern: NamePattern, tests: FileTests) -> list[str]:
+    """The classes of ``tests`` with a method the pattern names (class part globbed too)."""
+    method, cls = pattern.method_part, pattern.class_part
+    return [
+        name
+        for name, methods in tests.classes.items()
+        if (cls is None or fnmatchcase(name, cls)) and any(fnmatchcase(m, method) for m in methods)
+    ]
+
+
 def _name_exists(pattern: NamePattern, tests: FileTests) -> bool:
-    method = pattern.method_part
-    cls = pattern.class_part
-    for name, methods in tests.classes.items():
-        if cls is not None and not fnmatchcase(name, cls):
-            continue
-        if any(fnmatchcase(m, method) for m in methods):
-            return True
-    return cls is None and any(fnmatchcase(f, method) for f in tests.functions)
+    if _matching_classes(pattern, tests):
+        return True
+    return pattern.class_part is None and any(
+        fnmatchcase(f, pattern.method_part) for f in tests.functions
+    )
 
 
 def _likely_test(pattern: NamePattern, indexes: list[FileTests]) -> str | None:
@@ -208,14 +215,11 @@ def hardware_generic_listings(spec: LoadedSpec) -> list[str]:
             if rule.entry.mode is Mode.SKIP:
                 continue
             for pattern in rule.names:
-                cls = pattern.class_part
                 plain = sorted(
                     name
                     for tests in indexes
-                    for name, methods in tests.classes.items()
-                    if (cls is None or fnmatchcase(name, cls))
-                    and name not in tests.device_classes
-                    and any(fnmatchcase(m, pattern.method_part) for m in methods)
+                    for name in _matching_classes(pattern, tests)
+                    if name not in tests.device_classes
                 )
                 if plain:
                     warnings.append(

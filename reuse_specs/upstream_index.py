@@ -58,3 +58,13 @@ def _index(path: Path, mtime_ns: int) -> FileTests:
 def index_test_file(path: Path) -> FileTests:
     """Index one file; cached until the file changes."""
     return _index(path, path.stat().st_mtime_ns)
+
+
+def generic_test_ids(path: Path, root: Path) -> list[str]:
+    """Every generic test the file defines as a node id relative to ``root``
+    (``test/test_x.py::TestX::test_y``, ``test/test_x.py::test_z``): what a shard is handed
+    before device instantiation turns each into its variants."""
+    rel = path.relative_to(root).as_posix()
+    index = index_test_file(path)
+    ids = [f"{rel}::{cls}::{m}" for cls, methods in index.classes.items() for m in sorted(methods)]
+    return ids + [f"{rel}::{f}" for f in sorted(index.functions) if f.startswith("test")]

@@ -6,13 +6,13 @@ use it."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import CliResult
 
 UPSTREAM = """\
 import torch
@@ -53,7 +53,7 @@ MOVED = (
 )
 
 
-def _run(tmp_path: Path, spec_text: str) -> tuple[int, str, str]:
+def _run(cli: Callable[..., CliResult], tmp_path: Path, spec_text: str) -> tuple[int, str, str]:
     """(exit code, outcome, failure text) of test_double on spyre-emu."""
     up = tmp_path / "up"
     (up / "test").mkdir(parents=True, exist_ok=True)
@@ -62,22 +62,20 @@ def _run(tmp_path: Path, spec_text: str) -> tuple[int, str, str]:
     spec = tmp_path / "spec.yaml"
     spec.write_text(spec_text)
     junit = tmp_path / "junit.xml"
-    env = {k: v for k, v in os.environ.items() if k != "TORCH_ROOT"}
-    env.update(SPYRE_EMU_PROFILE=str(tmp_path / "profile.yaml"), SPYRE_EMU_LOCK_DIR=str(tmp_path))
-    done = subprocess.run(
-        [sys.executable, "-m", "ci_relay", "run", "--spec", str(spec), "--upstream", str(up),
-         "--backend", "spyre-emu", "--junit", str(junit)],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
-    )  # fmt: skip
+    env = {"SPYRE_EMU_PROFILE": str(tmp_path / "profile.yaml"), "SPYRE_EMU_LOCK_DIR": str(tmp_path)}
+    done = cli("run", "--spec", spec, "--upstream", up, "--backend", "spyre-emu",
+               "--junit", junit, env=env)  # fmt: skip
     (case,) = ET.parse(junit).iter("testcase")
     failure = case.find("failure")
     outcome = "failed" if failure is not None else "passed"
-    return done.returncode, outcome, (failure.text or "") if failure is not None else ""
+    return done.code, outcome, (failure.text or "") if failure is not None else ""
 
 
 @pytest.mark.parametrize("moved", [False, True], ids=["without", "with cpu_move"])
-def test_cpu_move_compares_on_the_cpu(tmp_path: Path, moved: bool) -> None:
-    code, outcome, text = _run(tmp_path, MOVED if moved else SPEC)
+def test_cpu_move_compares_on_the_cpu(
+    cli: Callable[..., CliResult], tmp_path: Path, moved: bool
+) -> None:
+    code, outcome, text = _run(cli, tmp_path, MOVED if moved else SPEC)
     if moved:
         assert (code, outcome) == (0, "passed"), text
     else:

@@ -5,11 +5,8 @@ universe and the shards both follow it). All on ``spyre-emu``."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,19 +36,15 @@ test_suite_config:
 
 
 def _run(
-    sample: SampleUpstream, junit: Path, *extra: str, env: dict[str, str] | None = None
+    cli: Callable[..., CliResult],
+    sample: SampleUpstream,
+    junit: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
 ) -> CliResult:
-    clean = {
-        k: v for k, v in os.environ.items() if k not in ("TORCH_ROOT", "TORCH_SPYRE_TEST_TYPE")
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "ci_relay", "run", "--spec", str(VIEW_SPEC), "--upstream",
-         str(sample.path), "--backend", "spyre-emu", "--junit", str(junit), *extra],
-        capture_output=True, text=True,
-        env={**clean, "COLUMNS": "200", "SPYRE_EMU_LOCK_DIR": str(junit.parent), **(env or {})},
-        timeout=600, check=False,
-    )  # fmt: skip
-    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+    return cli("run", "--spec", VIEW_SPEC, "--upstream", sample.path, "--backend", "spyre-emu",
+               "--junit", junit, *extra,
+               env={"SPYRE_EMU_LOCK_DIR": str(junit.parent), **(env or {})})  # fmt: skip
 
 
 def _skipped_for_label(junit: Path) -> set[str]:
@@ -64,16 +57,16 @@ def _skipped_for_label(junit: Path) -> set[str]:
 
 @pytest.mark.parametrize("how", ["--label", "TORCH_SPYRE_TEST_TYPE"])
 def test_the_label_or_the_variable_picks_the_entries(
-    sample_upstream: SampleUpstream, tmp_path: Path, how: str
+    cli: Callable[..., CliResult], sample_upstream: SampleUpstream, tmp_path: Path, how: str
 ) -> None:
-    everything = _run(sample_upstream, tmp_path / "all.xml")
+    everything = _run(cli, sample_upstream, tmp_path / "all.xml")
     assert everything.code == 0, everything.output
     assert _skipped_for_label(tmp_path / "all.xml") == set()
     if how == "--label":
-        labelled = _run(sample_upstream, tmp_path / "n.xml", "--label", "nightly")
+        labelled = _run(cli, sample_upstream, tmp_path / "n.xml", "--label", "nightly")
     else:
         labelled = _run(
-            sample_upstream, tmp_path / "n.xml", env={"TORCH_SPYRE_TEST_TYPE": "nightly"}
+            cli, sample_upstream, tmp_path / "n.xml", env={"TORCH_SPYRE_TEST_TYPE": "nightly"}
         )
     assert labelled.code == 0, labelled.output
     skipped = _skipped_for_label(tmp_path / "n.xml")
@@ -83,9 +76,10 @@ def test_the_label_or_the_variable_picks_the_entries(
 
 
 def test_an_isolated_shard_follows_the_label(
-    sample_upstream: SampleUpstream, tmp_path: Path
+    cli: Callable[..., CliResult], sample_upstream: SampleUpstream, tmp_path: Path
 ) -> None:
     result = _run(
+        cli,
         sample_upstream,
         tmp_path / "sandbox.xml",
         "--runtime",

@@ -212,17 +212,9 @@ def run(
 
 
 def _all_generic_tests(loaded: LoadedSpec, root: Path) -> list[str]:
-    from reuse_specs.upstream_index import index_test_file
+    from reuse_specs.upstream_index import generic_test_ids
 
-    out = []
-    for path in loaded.test_files():
-        rel = path.relative_to(root).as_posix()
-        index = index_test_file(path)
-        out += [
-            f"{rel}::{cls}::{m}" for cls, methods in index.classes.items() for m in sorted(methods)
-        ]
-        out += [f"{rel}::{f}" for f in sorted(index.functions) if f.startswith("test")]
-    return out
+    return [test for path in loaded.test_files() for test in generic_test_ids(path, root)]
 
 
 def _run_isolated(

@@ -1,5 +1,5 @@
-"""``ci-relay specs check|show|schema``: validate reuse specs, see what they select, and
-give editors the format's JSON Schema."""
+"""``ci-relay specs check|show|schema|profile-check``: validate reuse specs, see what they
+select, give editors the format's JSON Schema, keep the emulator's profile in step with them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ci_relay.cli.common import (
@@ -101,6 +102,75 @@ def specs_schema(
     except OSError as exc:
         raise _fail(f"cannot write {output}: {exc.strerror}") from None
     err.print(f"wrote the spec schema to {output}")
+
+
+@specs_app.command("profile-check")
+def specs_profile_check(
+    paths: Annotated[list[Path], typer.Argument(help="Spec files or folders of them.")],
+    profile_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--profile",
+            help="spyre-emu profile YAML (default: $SPYRE_EMU_PROFILE, else the bundled one).",
+        ),
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Exit 1 on warnings too, not only on errors.")
+    ] = False,
+) -> None:
+    """Cross-check a spyre-emu profile against the specs' supported dtypes and ops.
+
+    Errors: what the specs support but the profile refuses (fails on the emulator only),
+    profile dtypes no spec supports, op names PyTorch's OpInfo database lacks. Warnings:
+    force_xfail dtypes and ops the profile runs anyway (XPASS on the emulator). Each op is
+    traced to the aten overloads it reaches, with its own OpInfo sample inputs on the CPU.
+    """
+    import os
+
+    from reuse_specs.backends import get_backend
+
+    try:  # the emulator's profile and PyTorch's OpInfo database both need torch
+        from spyre_emu.errors import ProfileError
+        from spyre_emu.profile import PROFILE_ENV, load_profile_file
+    except ImportError as exc:
+        raise _fail(f"specs profile-check needs torch installed ({exc})") from None
+
+    files = _spec_files(paths)
+    if not files:
+        raise _fail("no spec files found")
+    try:
+        load_specs(files)
+    except SpecErrors as exc:
+        _report_spec_errors(exc)
+        raise _fail(f"{len(exc.errors)} error(s) in the spec; nothing was compared") from None
+    chosen = profile_file or Path(
+        os.environ.get(PROFILE_ENV) or get_backend("spyre-emu").env_defaults[PROFILE_ENV]
+    )
+    try:
+        profile = load_profile_file(chosen)
+    except ProfileError as exc:
+        raise _fail(str(exc)) from None
+    from reuse_specs.profile_parity import check_profile_parity
+
+    with err.status(f"tracing the specs' ops against profile {profile.name!r}…"):
+        report = check_profile_parity(files, profile, str(chosen))
+    colour = {"error": "red", "warning": "yellow", "note": "dim"}
+    for finding in report.findings:
+        out.print(  # FILE:LINE:COL: severity: ..., as `specs check` prints its errors
+            f"{escape(str(finding.location))}: [{colour[finding.severity]}]{finding.severity}[/]: "
+            f"{escape(finding.message)}",
+            soft_wrap=True,
+        )
+    warnings = sum(f.severity == "warning" for f in report.findings)
+    summary = (
+        f"{len(files)} spec file(s) against profile {profile.name!r} ({chosen}): "
+        f"{len(report.traced)} op(s) and module(s) traced, {len(report.errors)} error(s), "
+        f"{warnings} warning(s)"
+    )
+    if report.errors or (strict and warnings):
+        err.print(f"[red]MISMATCH[/] {summary}", soft_wrap=True)
+        raise typer.Exit(1)
+    out.print(f"[green]OK[/] {summary}", soft_wrap=True)
 
 
 @specs_app.command("show")
