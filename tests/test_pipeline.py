@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 from ci_relay.context import RelayContext
 from ci_relay.demo import pull_request_payload
 from ci_relay.intake.signature import sign
-from ci_relay.sample_upstream import SampleUpstream
+from ci_relay.sample_upstream import SampleCommit, SampleUpstream
 from ci_relay.settings import Settings
 from ci_relay.store.models import Delivery, OutboxMessage, Run, Selection, Shard, TestResult
 from tests.relay_fixtures import SECRET, fresh_postgres_database
@@ -353,3 +353,77 @@ def test_reports_reach_the_crcr_callback_through_real_workers(cluster: Cluster) 
         attempts = [m.attempts for m in s.scalars(select(OutboxMessage).order_by(OutboxMessage.id))]
     assert attempts[0] == 2  # the 503, then the retry that went through
     assert len(receiver.posts()) == 3
+
+
+SLOW_TEST = """
+import time
+
+
+def test_takes_its_time():
+    time.sleep(45)
+"""
+
+
+def _with_slow_commit(sample: SampleUpstream, dest: Path) -> SampleUpstream:
+    """A copy of the sample upstream with one more commit: a test that sleeps 45 s."""
+    subprocess.run(["git", "clone", "-q", str(sample.path), str(dest)], check=True)
+    (dest / "test" / "test_slow.py").write_text(SLOW_TEST)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run([*git, "add", "test/test_slow.py"], cwd=dest, check=True)
+    subprocess.run([*git, "commit", "-qm", "Add a slow test"], cwd=dest, check=True)
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=dest, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return SampleUpstream(dest, [*sample.commits, SampleCommit(head, "Add a slow test")])
+
+
+def test_a_stopped_worker_stops_its_shard_container_and_the_next_worker_runs_it(
+    tmp_path: Path, sample_upstream: SampleUpstream
+) -> None:
+    """SIGTERM to a worker with a shard running in a container: the container goes at once
+    (the worker does not wait for the shard), the shard is left without a verdict, and the
+    next worker runs it to the end (attempt 2)."""
+    import docker
+    from ci_relay.execution.runtimes import PODMAN_SOCKET
+    from tests.test_container_cleanup import _owned_by
+
+    slow = _with_slow_commit(sample_upstream, tmp_path / "upstream")
+    engine = docker.DockerClient(base_url=PODMAN_SOCKET, timeout=60)
+    with fresh_postgres_database() as url:
+        cluster = Cluster(tmp_path, url, slow)
+        (tmp_path / "small.yaml").write_text(SMALL_SPEC.replace("test_view_ops.py", "test_slow.py"))
+        cluster.env["CI_RELAY_RUNTIME"] = "container"
+        try:
+            first = cluster.start_worker()
+            api, port = _api(cluster)
+            try:
+                assert _post(port, slow, len(slow.commits) - 1, "stop-1") == 202
+                _wait(
+                    lambda: any(c.status == "running" for c in _owned_by(engine, first.pid)),
+                    180,
+                    "the shard's container\n" + cluster.logs(),
+                )
+                os.killpg(first.pid, signal.SIGTERM)
+                first.wait(timeout=120)  # a hang guard only: the test itself sleeps 45 s
+                assert _owned_by(engine, first.pid) == []
+                with cluster.rt.db.session() as s:
+                    shard = s.scalars(select(Shard)).one()
+                    assert (shard.state, shard.attempts) == ("running", 1), cluster.logs()
+                    assert s.scalar(select(func.count()).select_from(TestResult)) == 0
+                assert "interrupted" in cluster.logs() and "removed 1 running shard" in (
+                    cluster.logs()
+                )
+                cluster.start_worker()
+                _wait(cluster.completed, 300, "the run after the stop\n" + cluster.logs())
+                (run,) = cluster.runs()
+                with cluster.rt.db.session() as s:
+                    shard = s.scalars(select(Shard)).one()
+                    assert (shard.state, shard.attempts) == ("done", 2)
+                assert run.conclusion == "success" and run.counts.get("passed") == 1
+            finally:
+                os.killpg(api.pid, signal.SIGTERM)
+                api.wait(timeout=20)
+        finally:
+            cluster.stop_all()
+            cluster.rt.db.dispose()
+            engine.close()

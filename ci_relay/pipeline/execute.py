@@ -3,12 +3,15 @@ device slot, and every result is stored."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
+import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import delete
+from sqlalchemy import delete, update
 
 from ci_relay.checkouts import CheckoutError, upstream_mirror
 from ci_relay.context import RelayContext
@@ -54,16 +57,17 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
         tests = list(shard.test_files)
         label = rt.policy.label_for(shard.run.change.repository, backend)
     try:
-        runtime_name, report = run_tests_at(
-            rt,
-            backend,
-            head,
-            tests,
-            log_as=f"shard {shard_id}",
-            rerun_failures=True,
-            on_results=lambda found: _store_streamed(rt, shard_id, found),
-            label=label,
-        )
+        with _heartbeat(rt, shard_id, stale_after):
+            runtime_name, report = run_tests_at(
+                rt,
+                backend,
+                head,
+                tests,
+                log_as=f"shard {shard_id}",
+                rerun_failures=True,
+                on_results=lambda found: _store_streamed(rt, shard_id, found),
+                label=label,
+            )
     except (RuntimeUnavailable, CheckoutError) as exc:
         log.error("shard %s of run %s not run: %s", shard_id, run_id, exc)
         return _shard_failed(rt, shard_id, run_id, str(exc))
@@ -87,6 +91,35 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
         shard.finished_at = utcnow()
     log.info("shard %s of run %s finished with exit code %s", shard_id, run_id, code)
     return [Next("collect", run_id)]
+
+
+@contextlib.contextmanager
+def _heartbeat(rt: RelayContext, shard_id: int, stale_after: timedelta) -> Iterator[None]:
+    """Touch the running shard's row a few times per ``stale_after`` while it runs, so
+    "stale" means "its worker is gone", not "its tests take long": without it, a shard that
+    outlasts ``stale_after`` would be claimed and run a second time beside the first."""
+    every = min(max(stale_after.total_seconds() / 4, 1.0), 300.0)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            try:
+                with rt.db.session() as session:
+                    session.execute(
+                        update(Shard)
+                        .where(Shard.id == shard_id, Shard.state == ShardState.RUNNING)
+                        .values(updated_at=utcnow())
+                    )
+            except Exception:  # the next beat tries again; a missed one costs nothing
+                log.exception("shard %s: heartbeat not stored", shard_id)
+
+    thread = threading.Thread(target=beat, name=f"shard-{shard_id}-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _row(shard: Shard, case: TestOutcome) -> TestResult:

@@ -101,6 +101,37 @@ def all_queues() -> str:
     return ",".join([*SHORT_QUEUES, TRIAGE_QUEUE, *(exec_queue(b) for b in BACKENDS)])
 
 
+def _stop_shards(**_: object) -> None:
+    """Celery's shutdown began (SIGTERM, Ctrl-C, or the API of ``serve`` going away):
+    stop the running shard containers instead of waiting for shards that may take hours.
+    Their tasks end without a conclusion; the reconciler runs those shards again."""
+    from ci_relay.execution.runtimes.container import stop_shard_containers
+
+    stopped = stop_shard_containers()
+    if stopped:
+        log.warning("worker stopping: removed %d running shard container(s)", stopped)
+
+
+def _reap_orphaned_shards(settings: Settings) -> None:
+    """Shard containers a killed worker of this host left running cost memory and a device:
+    remove them before taking new work (their shards are resumed by the reconciler)."""
+    if settings.runtime not in ("auto", "container"):
+        return
+    from ci_relay.execution.runtimes.container import reap_orphaned_containers
+
+    try:
+        removed = reap_orphaned_containers(settings.docker_host)
+    except Exception as exc:  # no engine here: nothing of ours can be running in it
+        log.info("no orphaned shard containers checked (%s)", type(exc).__name__)
+        return
+    if removed:
+        log.warning(
+            "removed %d shard container(s) a stopped worker left: %s",
+            len(removed),
+            ", ".join(removed),
+        )
+
+
 def run_worker(
     settings: Settings,
     queues: str,
@@ -109,6 +140,7 @@ def run_worker(
     metrics_port: int | None = None,
 ) -> None:
     """A Celery worker on the given queues, with the reconciler running beside it."""
+    from celery.signals import worker_shutting_down
     from prometheus_client import start_http_server
 
     from ci_relay.service.tasks import celery_app, configure, start_reconciler
@@ -117,6 +149,8 @@ def run_worker(
         start_http_server(metrics_port, addr="127.0.0.1")  # task durations and outcomes
     rt = configure(settings)
     rt.db.upgrade()
+    _reap_orphaned_shards(settings)
+    worker_shutting_down.connect(_stop_shards, weak=False)
     stop = start_reconciler(reconcile_every)
     try:
         celery_app.worker_main(

@@ -19,6 +19,7 @@ from sqlalchemy.exc import OperationalError
 
 from ci_relay import pipeline
 from ci_relay.context import RelayContext
+from ci_relay.execution.runtimes import WorkerStopping
 from ci_relay.logs import delivery_context
 from ci_relay.nightly import nightly_steps
 from ci_relay.reporting import sender
@@ -130,6 +131,9 @@ def _step(task: str, pk: int, body: Callable[[], list[Next]]) -> None:
     try:
         with delivery_context(pipeline.delivery_id_of(runtime(), task, pk)):
             enqueue(body())
+    except WorkerStopping as exc:  # no conclusion: the row stays claimed, then goes stale
+        outcome = "stopped"
+        log.warning("%s %s interrupted: %s; the reconciler runs it again", task, pk, exc)
     except Exception:
         outcome = "error"
         raise

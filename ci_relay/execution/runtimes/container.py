@@ -1,14 +1,24 @@
 """``container``: a container through the Docker Engine API (Docker, or Podman's socket):
 no network, no capabilities, an unprivileged user, a read-only image, limits checked
-as applied before the container starts."""
+as applied before the container starts.
+
+A container outlives the process that started it unless someone removes it, so each one is
+labelled with its owner (host, pid, the pid's start time): the owner removes its live ones
+when it exits, and a worker starting on the same host removes those whose owner is gone
+(killed with SIGKILL, or the machine's previous boot). :func:`reap_orphaned_containers`.
+"""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
+import logging
 import os
 import signal
+import socket
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +38,7 @@ from ci_relay.execution.runtimes.process import (
     Invocation,
     Limits,
     RuntimeUnavailable,
+    WorkerStopping,
     _is_root,
     _namespace_pids,
     _Output,
@@ -36,6 +47,106 @@ from ci_relay.execution.runtimes.process import (
     shard_env,
 )
 from ci_relay.execution.runtimes.sandbox import _visible_as
+
+log = logging.getLogger("ci_relay.execution")
+
+OWNER_LABEL = "ci-relay.shard-owner"
+"""Label on every shard container: ``HOST:PID:START`` of the process that created it."""
+
+
+def _process_start(pid: int) -> str | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22): with
+    the pid it names one process, even once the pid is reused. None if there is none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # the name before ")" may hold spaces
+    return fields[19] if len(fields) > 19 else None
+
+
+def process_owner() -> str:
+    """This process as a container owner label value."""
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_process_start(pid)}"
+
+
+def owner_alive(owner: str) -> bool | None:
+    """Whether the process an owner label names still runs; None when that cannot be told
+    here (another host's container, or a label this code did not write)."""
+    host, _, rest = owner.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit() or not start:
+        return None
+    return _process_start(int(pid)) == start
+
+
+class _LiveContainers:
+    """This process's containers that exist right now; removed when the worker starts
+    shutting down (:func:`stop_shard_containers`) and at interpreter exit, so none outlives
+    a clean stop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._containers: dict[str, Any] = {}
+        self._hooked = False
+        self.stopping = threading.Event()
+
+    def add(self, container: Any) -> None:
+        with self._lock:
+            if self.stopping.is_set():
+                raise WorkerStopping("the worker is shutting down: no new shard process")
+            self._containers[container.id] = container
+            if not self._hooked:
+                atexit.register(self.remove_all)
+                self._hooked = True
+
+    def discard(self, container: Any) -> None:
+        with self._lock:
+            self._containers.pop(container.id, None)
+
+    def remove_all(self) -> None:
+        with self._lock:
+            containers = list(self._containers.values())
+            self._containers.clear()
+        for container in containers:
+            with contextlib.suppress(Exception):  # exiting: the engine may be gone too
+                container.remove(force=True)
+
+
+_live = _LiveContainers()
+
+
+def stop_shard_containers() -> int:
+    """The worker is stopping: remove this process's shard containers now rather than
+    wait hours for their shards, and start no new ones. Their shard tasks end with
+    :class:`WorkerStopping`; the number removed is returned."""
+    _live.stopping.set()
+    with _live._lock:
+        count = len(_live._containers)
+    _live.remove_all()
+    return count
+
+
+def reap_orphaned_containers(docker_host: str = PODMAN_SOCKET) -> list[str]:
+    """Remove the shard containers of this host whose owning process is gone; their names.
+
+    Containers of a live owner, or of another host sharing the engine, are left alone.
+    """
+    import docker.errors  # also binds ``docker``
+
+    client = docker.DockerClient(base_url=docker_host, timeout=60)
+    removed = []
+    try:
+        for container in client.containers.list(all=True, filters={"label": OWNER_LABEL}):
+            if owner_alive(container.labels.get(OWNER_LABEL, "")) is not False:
+                continue
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
+                removed.append(container.name)
+    finally:
+        client.close()
+    return removed
 
 
 class ContainerRuntime:
@@ -154,6 +265,7 @@ class ContainerRuntime:
                 "/var/tmp": f"size={SMALL_TMPFS_MB}m,mode=1777",
             },
             environment=env,
+            labels={OWNER_LABEL: process_owner()},
             working_dir=str(work),
             volumes={
                 str(inv.upstream): {"bind": str(inv.upstream), "mode": "ro"},
@@ -196,6 +308,7 @@ class ContainerRuntime:
         work = _prepare_scratch(inv, owner, 0o700)
         container = self._create(inv, inv.argv, work, user)
         try:
+            _live.add(container)
             self._verify(container, inv, user)
             container.start()
             watch = _ScratchWatch(inv.scratch, inv.limits.scratch_mb)
@@ -203,10 +316,21 @@ class ContainerRuntime:
             output = _Output()
             for chunk in container.logs(stream=True, follow=False):
                 output.add(chunk)
+            if _live.stopping.is_set():  # removed under it: its exit says nothing
+                raise WorkerStopping(
+                    "the worker is shutting down; the shard's container was removed"
+                )
             return Completed(code, output.text(), timed_out, killed_for)
+        except docker.errors.APIError:
+            if _live.stopping.is_set():  # removed under it: the engine no longer knows it
+                raise WorkerStopping(
+                    "the worker is shutting down; the shard's container was removed"
+                ) from None
+            raise
         finally:
             with contextlib.suppress(docker.errors.APIError):
                 container.remove(force=True)
+            _live.discard(container)
 
 
 def _wait_polling(

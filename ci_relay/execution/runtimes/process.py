@@ -84,6 +84,11 @@ class RuntimeUnavailable(RuntimeError):
     pass
 
 
+class WorkerStopping(RuntimeError):
+    """The worker is shutting down and stopped the shard's process on purpose: nothing may
+    be concluded about its tests. The shard stays claimed; the reconciler runs it again."""
+
+
 def work_dir(scratch: Path) -> Path:
     """The only folder of scratch the child may write: HOME, TMPDIR (``tmp``) and cwd."""
     return scratch / WORK
