@@ -206,3 +206,20 @@ def test_an_op_that_makes_a_dtype_the_profile_lacks_is_an_error(tmp_path: Path) 
     errors = _only(_check(spec, with_int32), "error")
     # frexp is fine now; what is left is that no spec says the card computes in int32
     assert len(errors) == 1 and "accepts int32, which no spec" in errors[0], errors
+
+
+def test_the_profile_comes_from_the_emulators_own_variable(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    """Without --profile, SPYRE_EMU_PROFILE as the emulator reads it ("default": its built-in
+    profile, which runs the sqrt and GELU the bundled specs force_xfail)."""
+    result = cli(
+        "specs", "profile-check", BUNDLED_SPECS, "--strict", env={"SPYRE_EMU_PROFILE": "default"}
+    )
+    assert result.code == 1, result.output
+    assert "profile 'default' (the built-in default)" in result.output
+    assert "op 'sqrt' has force_xfail" in result.output
+    missing = cli(
+        "specs", "profile-check", BUNDLED_SPECS, env={"SPYRE_EMU_PROFILE": str(tmp_path / "no")}
+    )
+    assert missing.code == 2 and "cannot read the profile" in missing.output

@@ -131,7 +131,7 @@ def specs_profile_check(
 
     try:  # the emulator's profile and PyTorch's OpInfo database both need torch
         from spyre_emu.errors import ProfileError
-        from spyre_emu.profile import PROFILE_ENV, load_profile_file
+        from spyre_emu.profile import PROFILE_ENV, load_profile_file, profile_from_env
     except ImportError as exc:
         raise _fail(f"specs profile-check needs torch installed ({exc})") from None
 
@@ -143,17 +143,22 @@ def specs_profile_check(
     except SpecErrors as exc:
         _report_spec_errors(exc)
         raise _fail(f"{len(exc.errors)} error(s) in the spec; nothing was compared") from None
-    chosen = profile_file or Path(
-        os.environ.get(PROFILE_ENV) or get_backend("spyre-emu").env_defaults[PROFILE_ENV]
-    )
+    from_env = os.environ.get(PROFILE_ENV, "").strip()
     try:
-        profile = load_profile_file(chosen)
+        if profile_file is not None:
+            chosen, profile = str(profile_file), load_profile_file(profile_file)
+        elif from_env:  # as the emulator reads it: "default" is its built-in profile
+            chosen = "the built-in default" if from_env == "default" else from_env
+            profile = profile_from_env()
+        else:
+            chosen = get_backend("spyre-emu").env_defaults[PROFILE_ENV]
+            profile = load_profile_file(chosen)
     except ProfileError as exc:
         raise _fail(str(exc)) from None
     from reuse_specs.profile_parity import check_profile_parity
 
     with err.status(f"tracing the specs' ops against profile {profile.name!r}…"):
-        report = check_profile_parity(files, profile, str(chosen))
+        report = check_profile_parity(files, profile, chosen)
     colour = {"error": "red", "warning": "yellow", "note": "dim"}
     for finding in report.findings:
         out.print(  # FILE:LINE:COL: severity: ..., as `specs check` prints its errors

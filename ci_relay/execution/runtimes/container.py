@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import logging
 import os
 import signal
 import socket
@@ -47,8 +46,6 @@ from ci_relay.execution.runtimes.process import (
     shard_env,
 )
 from ci_relay.execution.runtimes.sandbox import _visible_as
-
-log = logging.getLogger("ci_relay.execution")
 
 OWNER_LABEL = "ci-relay.shard-owner"
 """Label on every shard container: ``HOST:PID:START`` of the process that created it."""
@@ -105,13 +102,14 @@ class _LiveContainers:
         with self._lock:
             self._containers.pop(container.id, None)
 
-    def remove_all(self) -> None:
+    def remove_all(self) -> int:
         with self._lock:
             containers = list(self._containers.values())
             self._containers.clear()
         for container in containers:
             with contextlib.suppress(Exception):  # exiting: the engine may be gone too
                 container.remove(force=True)
+        return len(containers)
 
 
 _live = _LiveContainers()
@@ -122,10 +120,7 @@ def stop_shard_containers() -> int:
     wait hours for their shards, and start no new ones. Their shard tasks end with
     :class:`WorkerStopping`; the number removed is returned."""
     _live.stopping.set()
-    with _live._lock:
-        count = len(_live._containers)
-    _live.remove_all()
-    return count
+    return _live.remove_all()
 
 
 def reap_orphaned_containers(docker_host: str = PODMAN_SOCKET) -> list[str]:
