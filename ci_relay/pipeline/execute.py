@@ -3,15 +3,12 @@ device slot, and every result is stored."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import tempfile
-import threading
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import delete, update
+from sqlalchemy import delete
 
 from ci_relay.checkouts import CheckoutError, upstream_mirror
 from ci_relay.context import RelayContext
@@ -21,7 +18,7 @@ from ci_relay.execution.outcomes import BAD_OUTCOMES
 from ci_relay.execution.runtimes import Limits, RuntimeUnavailable
 from ci_relay.execution.shard import OnResults, ShardReport, ShardRequest, run_shard
 from ci_relay.execution.spec_run import TestOutcome
-from ci_relay.steps import Next, claim_pending_or_stale
+from ci_relay.steps import Next, claim_pending_or_stale, keep_claimed
 from ci_relay.store.models import (
     Shard,
     ShardState,
@@ -57,7 +54,7 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
         tests = list(shard.test_files)
         label = rt.policy.label_for(shard.run.change.repository, backend)
     try:
-        with _heartbeat(rt, shard_id, stale_after):
+        with keep_claimed(rt, Shard, shard_id, ShardState.RUNNING, stale_after):
             runtime_name, report = run_tests_at(
                 rt,
                 backend,
@@ -91,35 +88,6 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
         shard.finished_at = utcnow()
     log.info("shard %s of run %s finished with exit code %s", shard_id, run_id, code)
     return [Next("collect", run_id)]
-
-
-@contextlib.contextmanager
-def _heartbeat(rt: RelayContext, shard_id: int, stale_after: timedelta) -> Iterator[None]:
-    """Touch the running shard's row a few times per ``stale_after`` while it runs, so
-    "stale" means "its worker is gone", not "its tests take long": without it, a shard that
-    outlasts ``stale_after`` would be claimed and run a second time beside the first."""
-    every = min(max(stale_after.total_seconds() / 4, 1.0), 300.0)
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(every):
-            try:
-                with rt.db.session() as session:
-                    session.execute(
-                        update(Shard)
-                        .where(Shard.id == shard_id, Shard.state == ShardState.RUNNING)
-                        .values(updated_at=utcnow())
-                    )
-            except Exception:  # the next beat tries again; a missed one costs nothing
-                log.exception("shard %s: heartbeat not stored", shard_id)
-
-    thread = threading.Thread(target=beat, name=f"shard-{shard_id}-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _row(shard: Shard, case: TestOutcome) -> TestResult:

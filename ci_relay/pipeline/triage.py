@@ -19,10 +19,10 @@ from sqlalchemy import func, select
 from ci_relay.checkouts import CheckoutError, upstream_mirror
 from ci_relay.context import RelayContext
 from ci_relay.execution.outcomes import BAD_OUTCOMES
-from ci_relay.execution.runtimes import RuntimeUnavailable
+from ci_relay.execution.runtimes import RuntimeUnavailable, WorkerStopping
 from ci_relay.pipeline.execute import run_tests_at
 from ci_relay.reporting.outbox import enqueue_reports
-from ci_relay.steps import Next, claim_pending_or_stale, report_steps
+from ci_relay.steps import Next, claim_pending_or_stale, keep_claimed, report_steps
 from ci_relay.store.models import Run, Shard, TestResult, Triage, TriageState, utcnow
 from ci_relay.triage.bisect import Probe, bisect_together
 from ci_relay.triage.summary import finish
@@ -153,10 +153,13 @@ def triage_run(rt: RelayContext, triage_id: int, stale_after: timedelta) -> list
         ):
             return []
     try:
-        facts, observed, infra, untriaged, seconds = _triage(rt, triage_id)
+        with keep_claimed(rt, Triage, triage_id, TriageState.RUNNING, stale_after):
+            facts, observed, infra, untriaged, seconds = _triage(rt, triage_id)
         tests = [classify(o, facts) for o in observed]
         verdict = finish(run_verdict(tests, infra, untriaged), rt.settings)
         state, error = TriageState.DONE, None
+    except WorkerStopping:  # not triage's failure: it stays claimed and runs again
+        raise
     except Exception as exc:  # never a stuck run: the verdict says triage broke
         log.exception("triage %s failed", triage_id)
         tests, seconds, state, error = [], 0.0, TriageState.FAILED, f"{type(exc).__name__}: {exc}"
