@@ -5,6 +5,7 @@ shown on the dashboard (in a real browser)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -458,3 +459,69 @@ def test_a_missing_runner_image_is_infra(sample_upstream: SampleUpstream, tmp_pa
     assert (verdict["category"], verdict["confidence"]) == ("infra", "high")
     assert tests == []  # nothing to rerun: the run itself could not test
     assert "runner image localhost/ci-relay-runner-spyre:latest is missing" in verdict["summary"]
+
+
+SLOW_FAILURE = """
+import time
+
+
+def test_slow_and_wrong():
+    time.sleep(20)
+    assert 1 + 1 == 3
+"""
+
+
+def test_a_worker_stop_during_triage_is_no_verdict(
+    sample_upstream: SampleUpstream, tmp_path: Path
+) -> None:
+    """The worker stops while triage reruns a failure in a container: the rerun's container
+    goes, and the triage is left claimed for the next worker, not recorded as "triage
+    failed" (which would send a verdict of unknown to every report)."""
+    import threading
+
+    import docker
+    from ci_relay.execution.runtimes import PODMAN_SOCKET, WorkerStopping
+    from ci_relay.execution.runtimes import container as containers
+    from tests.test_container_cleanup import _owned_by
+
+    subprocess.run(
+        ["git", "clone", "-q", str(sample_upstream.path), str(tmp_path / "upstream")], check=True
+    )
+    repo = GitRepo(tmp_path / "upstream")
+    base = repo.git("rev-parse", "HEAD")
+    head = repo.commit("a slow failing test", {"test/test_slow.py": SLOW_FAILURE}, dedent=False)
+    spec = SPEC.replace("test_triage_cases.py", "test_slow.py")
+    rt = upstream_context(tmp_path, repo.path, spec, backends=("cpu",), runtime="container")
+    engine = docker.DockerClient(base_url=PODMAN_SOCKET, timeout=60)
+    done = threading.Event()
+
+    def stop_once_triage_runs_a_container() -> None:
+        import time
+
+        while not done.is_set():
+            with rt.db.session() as s:
+                triaging = s.scalars(select(Triage.state)).first() == TriageState.RUNNING
+            if triaging and _owned_by(engine, os.getpid()):
+                containers.stop_shard_containers()
+                return
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=stop_once_triage_runs_a_container, daemon=True)
+    steps: list[Next] = []
+    try:
+        with TestClient(create_app(rt, steps.extend)) as client:
+            post_webhook(client, "pull_request", _pull_request(13, base, head))
+            watcher.start()
+            with pytest.raises(WorkerStopping):
+                drain(rt, steps)
+        with rt.db.session() as s:
+            run = s.scalars(select(Run)).one()
+            job = s.scalars(select(Triage)).one()
+            assert run.conclusion == "failure"  # the run itself had its verdict
+            assert (job.state, job.verdict, job.error) == (TriageState.RUNNING, {}, None)
+        assert _owned_by(engine, os.getpid()) == []
+    finally:
+        done.set()
+        watcher.join(timeout=30)
+        containers._live.stopping.clear()  # this process goes on running other tests
+        engine.close()
