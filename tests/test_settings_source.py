@@ -42,6 +42,10 @@ REVIEWED = {
     ("reuse_specs/pytest_plugin.py", "pytest_configure"): "writes the backend's test variables",
     ("spyre_emu/_lock.py", "lock_dir"): "inside the test process: set by the backend profile",
     ("spyre_emu/profile.py", "profile_from_env"): "inside the test process: set by the backend",
+    (
+        "ci_relay/cli/specs.py",
+        "specs_profile_check",
+    ): "SPYRE_EMU_PROFILE: the emulator's own variable, read as the emulator reads it",
 }
 
 
