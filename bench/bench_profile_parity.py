@@ -31,7 +31,7 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
 from reuse_specs.backends import get_backend
-from reuse_specs.profile_parity import SAMPLES_PER_OP, check_profile_parity, refused
+from reuse_specs.profile_parity import check_profile_parity, first_samples, refused
 from spyre_emu.profile import PROFILE_ENV, load_profile_file
 
 
@@ -59,9 +59,7 @@ def _plain(ops: list[Any]) -> float:
         if dtype is None:
             continue
         try:
-            for i, sample in enumerate(opinfo.sample_inputs("cpu", dtype, requires_grad=False)):
-                if i >= SAMPLES_PER_OP:
-                    break
+            for sample in first_samples(opinfo, dtype):
                 opinfo.op(sample.input, *sample.args, **sample.kwargs)
         except Exception:  # the check reports these; the baseline skips them
             continue
@@ -73,9 +71,7 @@ def _on_device(opinfo: Any, dtype: Any) -> str:
     import spyre_emu
 
     try:
-        for i, sample in enumerate(opinfo.sample_inputs("cpu", dtype, requires_grad=False)):
-            if i >= SAMPLES_PER_OP:
-                break
+        for sample in first_samples(opinfo, dtype):
             moved = sample.transform(lambda t: t.to("spyre") if isinstance(t, torch.Tensor) else t)
             opinfo.op(moved.input, *moved.args, **moved.kwargs)
     except (spyre_emu.UnsupportedOpError, spyre_emu.UnsupportedDtypeError):

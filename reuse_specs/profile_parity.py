@@ -17,7 +17,8 @@ reaches ``linalg_vector_norm``; ``frexp`` makes an int32 exponent).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -130,15 +131,18 @@ def _module_db() -> list[Any]:
     return list(module_db)
 
 
+def first_samples(opinfo: Any, dtype: Any) -> Iterator[Any]:
+    """The OpInfo's first :data:`SAMPLES_PER_OP` CPU sample inputs in ``dtype``: the ones the
+    check traces (and the parity bench replays on the device)."""
+    return itertools.islice(opinfo.sample_inputs("cpu", dtype, requires_grad=False), SAMPLES_PER_OP)
+
+
 def trace_op(opinfo: Any, dtypes: Sequence[Any]) -> OpTrace:
-    """Run up to :data:`SAMPLES_PER_OP` samples of an OpInfo with the first of ``dtypes`` it
-    supports on the CPU; record the aten overloads reached."""
+    """Run :func:`first_samples` of an OpInfo with the first of ``dtypes`` it supports on
+    the CPU; record the aten overloads reached."""
 
     def run(dtype: Any, recorder: _RecordAten) -> None:
-        samples = opinfo.sample_inputs("cpu", dtype, requires_grad=False)
-        for index, sample in enumerate(samples):
-            if index >= SAMPLES_PER_OP:
-                break
+        for sample in first_samples(opinfo, dtype):
             with recorder:
                 opinfo.op(sample.input, *sample.args, **sample.kwargs)
 

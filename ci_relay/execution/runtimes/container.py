@@ -311,21 +311,16 @@ class ContainerRuntime:
             output = _Output()
             for chunk in container.logs(stream=True, follow=False):
                 output.add(chunk)
-            if _live.stopping.is_set():  # removed under it: its exit says nothing
-                raise WorkerStopping(
-                    "the worker is shutting down; the shard's container was removed"
-                )
-            return Completed(code, output.text(), timed_out, killed_for)
         except docker.errors.APIError:
-            if _live.stopping.is_set():  # removed under it: the engine no longer knows it
-                raise WorkerStopping(
-                    "the worker is shutting down; the shard's container was removed"
-                ) from None
-            raise
+            if not _live.stopping.is_set():
+                raise  # else: removed under it, so the engine no longer knows it
         finally:
             with contextlib.suppress(docker.errors.APIError):
                 container.remove(force=True)
             _live.discard(container)
+        if _live.stopping.is_set():  # removed under it: whatever it reported says nothing
+            raise WorkerStopping("the worker is shutting down; the shard's container was removed")
+        return Completed(code, output.text(), timed_out, killed_for)
 
 
 def _wait_polling(
