@@ -1,277 +1,281 @@
-"""The selector on real history: test-file recall at 5 %, 15 % and 25 % of the test files.
+"""Selection on real history, judged by the shared yardstick, leave one repository out.
 
-For each of the newest N commits of a repository that change source and test files together
-(test files that existed before), the selector sees the change without its test edits and
-the tests as they were before it; the edited test files are the truth. Every strategy ranks
-the test files (a file's score is its best test's), and the top share is taken. Recall is
-counted over all edited test files (a commit editing ten counts ten times), and also
-averaged per change:
+The yardstick is ``../shared/bench/select_eval.py`` (read its docstring): for each of a
+history's newest eligible commits it hides the commit's test edits, asks for tests from the
+source change alone, and charges every selector by the test functions it runs. This bench
+imports that script and replays the same commits with the same truth, universe and costs,
+but calls ``select()`` in this process (the script's ``cmd:`` path starts one process per
+commit; both give the same figures, ``--verify`` runs the script itself to show it), so a
+grid of settings over several histories fits in one run:
 
-- ``selector``: the full selector (the learned ranking when history allows, plus the
-  test-level heuristics: edited, references, failures);
-- ``hand weights``: the selector with learning off (every heuristic, hand-set weights);
-- each heuristic alone;
-- ``co-change + path``: the baseline DEVELOPERS.md describes (co-change counts with the
-  changed files over the history before the commit, then path tokens), written here;
-- ``random``: a seeded shuffle;
-- ``best possible``: an oracle that knows the edited files: a commit that edits more test
-  files than the share holds cannot be fully found by any selector.
+- per history, per budget: test-file recall and edited-test recall of ``combo`` (the
+  script's co-change + path words baseline, computed by the script's own functions) and of
+  the selector under each setting, the tests' share and the seconds per change (cold: the
+  first change of a history, fits and backtest included; warm: the median of the rest);
+- a **leave-one-repository-out** table: each history's row uses the setting that scored
+  best (file + edited-test recall, both budgets) on the *other* histories;
+- the goals of issue 24 per row, and at 15 % every miss by cause: never co-changed (no
+  commit before it changed the test file with any of the changed sources), outranked, or
+  a budget too small for the commit (its edited test files alone hold more tests).
 
-Prints recall per share and the time per change of ``select()`` (cold: the first change,
-model fit included; warm: the median of the rest). Needs real histories (not in the repo):
+Needs histories the search tool fetches (not in the repository); clone each to a scratch
+folder (the yardstick adds objects and refs to it):
 
-    # with the search tool:  fetch github:pytorch/rl   and   fetch github:pytorch/torchtune
-    git clone /work/.mirror/pytorch+rl/repo /work/scratch/rl
-    python bench/bench_selection_history.py /work/scratch/rl /work/scratch/torchtune
+    # with the search tool: fetch github:pytorch/rl  (likewise the others)
+    git clone -q --no-checkout /work/.mirror/pytorch+rl/repo /work/scratch/rl
+    python bench/bench_selection_history.py /work/scratch/rl /work/scratch/torchtune \\
+        /work/scratch/tensordict /work/scratch/networkx /work/scratch/dask --commits 200
 """
 
 from __future__ import annotations
 
 import argparse
-import random
-import re
+import importlib.util
+import json
 import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from test_selection.agents import LocalAgent  # noqa: E402
-from test_selection.candidates import Context, collect_evidence, default_heuristics  # noqa: E402
-from test_selection.evaluate import _changed  # noqa: E402
-from test_selection.git import Repo  # noqa: E402
-from test_selection.inventory import build_inventory, is_test_path  # noqa: E402
-from test_selection.layout import detect_layout  # noqa: E402
 from test_selection.selector import SelectorConfig, select  # noqa: E402
 from test_selection.types import Budget  # noqa: E402
 
-SHARES = (0.05, 0.15, 0.25)
-WHY_SHARE = 0.15
-GOALS = {0.05: 0.85, 0.15: 0.95}  # issue 11's recall goals
-MARGIN = 0.05  # ... and this much above co-change + path
+YARDSTICK = ROOT.parent / "shared" / "bench" / "select_eval.py"
+BUDGETS = (0.15, 0.05)
+FILE_WEIGHTS = (0.0, 0.1, 0.3)
+GOAL_FILE_MARGIN = 0.05  # test-file recall >= combo + this, at both budgets
+GOAL_TEST_MARGIN = 0.10  # edited-test recall >= combo + this at 15 % ...
+GOAL_TEST_FLOOR = 0.90  # ... and at least this
 
 
-def co_changes(repo: Repo, parent: str, sources: set[str], files: list[str]) -> Counter[str]:
-    """How often each test file changed with any of ``sources`` before the commit."""
-    log = repo.text("log", "--no-merges", "--name-only", "--format=%x01", "-n3000", parent, "--")
-    together: Counter[str] = Counter()
-    present = set(files)
-    for block in log.split("\x01"):
-        paths = set(block.split())
-        if paths & sources:
-            together.update(p for p in paths if p in present)
-    return together
+def load_yardstick(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("select_eval", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load the yardstick {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def baseline_scores(
-    together: Counter[str], sources: set[str], files: list[str]
-) -> dict[str, float]:
-    """Co-change counts with the changed files (history before the commit), then path tokens."""
-    words = {w for s in sources for w in re.split(r"[/_.\-]+", s.lower()) if len(w) > 2}
-    return {f: together[f] * 10 + len(words & set(re.split(r"[/_.\-]+", f.lower()))) for f in files}
+def _eligible(ys: ModuleType, repo: str, commits: int) -> tuple[list, dict, list]:
+    """The script's own eligibility rule, newest first (as its main() applies it)."""
+    history, diffs = ys.history(repo, "HEAD", 1500 + 3000)
+    found = []
+    for c, p in history:
+        rows = diffs[c]
+        tests = [path for st, path in rows if st == "M" and ys.is_test(path)]
+        srcs = [path for st, path in rows if ys.is_source(path)]
+        if tests and srcs and len(rows) <= 60:
+            found.append((c, p, rows, tests, srcs))
+    return history, diffs, found[:commits]
 
 
-def top_files(
-    scores: dict[str, float], files: list[str], share: float, rng: random.Random
-) -> set[str]:
-    count = max(1, round(len(files) * share))
-    order = sorted(files, key=lambda f: (-scores.get(f, 0.0), rng.random()))
-    return set(order[:count])
-
-
-def evaluate(path: Path, commits: int, cache: Path, with_agent: bool) -> None:
-    repo = Repo(path)
-    head = repo.resolve("HEAD")
-    patterns = detect_layout(repo, head).patterns
-    shas = repo.text("rev-list", "--no-merges", "--reverse", "HEAD").split()
-    candidates = []
-    for sha in shas[1:]:
-        tests, sources = _changed(repo, sha, patterns)
-        if tests and sources:
-            candidates.append((sha, tests, sources))
-    candidates = candidates[-commits:]
-    print(f"\n{path.name}: {len(shas)} commits, patterns {', '.join(patterns)}")
-    print(f"evaluating the newest {len(candidates)} that change source and tests together")
-    names = [
-        "selector",
-        *(["selector + agent"] if with_agent else []),
-        "hand weights",
-        *[h.name for h in default_heuristics()],
-        "co-change + path",
-        "random",
-        "best possible",
-    ]
-    hits = {n: dict.fromkeys(SHARES, 0) for n in names}
-    per_change = {n: dict.fromkeys(SHARES, 0.0) for n in names}  # recall averaged per change
-    truths = 0
-    times: list[float] = []
-    agent_times: list[float] = []
-    test_share = dict.fromkeys(SHARES, 0.0)
-    rng = random.Random(0)
-    evaluated = 0
-    why: Counter[str] = Counter()  # the selector's misses at WHY_SHARE, by cause
-    for i, (sha, truth, _sources) in enumerate(candidates, 1):
-        parent = repo.resolve(f"{sha}^")
-        hidden = {
-            p
-            for p in repo.text("diff", "--name-only", parent, sha).split()
-            if is_test_path(p, patterns)
-        }
-        config = SelectorConfig(budget=Budget("all"), cache_dir=cache, patterns=patterns)
-        started = time.perf_counter()
-        try:
-            plan, change = select(
-                path, parent, sha, None, config, exclude_paths=hidden, inventory_rev=parent
-            )
-        except ValueError:
-            continue  # no test before this commit
-        times.append(time.perf_counter() - started)
-        inventory = build_inventory(repo, parent, patterns, cache)
-        files = sorted(inventory.files)
-        truth_in = truth & set(files)
-        if not truth_in:
+def replay(repo: str, commits: int, yardstick: str, weights: tuple[float, ...]) -> dict[str, Any]:
+    """Every commit of one history under combo and each setting, at every budget."""
+    ys = load_yardstick(Path(yardstick))
+    history, diffs, eligible = _eligible(ys, repo, commits)
+    index = {c: i for i, (c, _p) in enumerate(history)}
+    universe_cache: dict = {}
+    blob_cache: dict = {}
+    rows: list[dict[str, Any]] = []
+    cache = Path(tempfile.mkdtemp(prefix="bench-selection-"))
+    for number, (c, p, diff_rows, tests, srcs) in enumerate(eligible):
+        universe = ys.test_universe(repo, p, universe_cache)
+        truth = {t for t in tests if t in set(universe)}
+        if not truth:
             continue
-        evaluated += 1
-        truths += len(truth_in)
-        per_strategy: dict[str, dict[str, float]] = {}
-        full: dict[str, float] = {}
-        for item in plan.selected + plan.excluded:
-            full[item.test.file] = max(full.get(item.test.file, float("-inf")), item.score)
-        per_strategy["selector"] = full
-        if with_agent:
-            agent_config = SelectorConfig(
-                budget=Budget("all"), cache_dir=cache, patterns=patterns, agent=LocalAgent(cache)
-            )
-            started = time.perf_counter()
-            agent_plan, _ = select(
-                path, parent, sha, None, agent_config, exclude_paths=hidden, inventory_rev=parent
-            )
-            agent_times.append(time.perf_counter() - started)
-            with_review: dict[str, float] = {}
-            for item in agent_plan.selected + agent_plan.excluded:
-                with_review[item.test.file] = max(
-                    with_review.get(item.test.file, float("-inf")), item.score
+        truth_tests = ys.edited_tests(repo, p, c, sorted(truth))
+        counts = ys.test_counts(repo, p, universe, blob_cache)
+        total = sum(counts.values())
+        start = index[c] + 1
+        before = history[start : start + 1500]
+        cochange = ys.cochange_scores(before, set(srcs), set(universe), diffs)
+        src_tokens = set().union(*(ys.tokens(s) for s in srcs))
+        combo = dict(cochange)
+        for t in universe:
+            overlap = len(ys.tokens(t) & src_tokens)
+            if overlap:
+                combo[t] = combo.get(t, 0.0) + 0.25 * overlap
+        combo_ranked = sorted(combo, key=lambda t: (-combo[t], t))
+        head = ys.synthetic_head(repo, p, c, diff_rows)
+        row: dict[str, Any] = {
+            "commit": c,
+            "truth": sorted(truth),
+            "truth_tests": sorted(truth_tests),
+            "truth_cost": sum(counts[t] for t in truth),
+            "total": total,
+            "cochanged": sorted(t for t in truth if cochange.get(t, 0) > 0),
+            "results": {},
+        }
+        for budget in BUDGETS:
+            picked = ys.fill(combo_ranked, counts, budget * total, 0, "tests")
+            row["results"][f"combo@{budget}"] = {
+                "files": sorted(picked & truth),
+                "tests": sorted(t for t in truth_tests if t.split("::", 1)[0] in picked),
+                "share": sum(counts[f] for f in picked) / total,
+                "seconds": 0.0,
+            }
+            for weight in weights:
+                config = SelectorConfig(
+                    budget=Budget("fraction", budget), cache_dir=cache, file_weight=weight
                 )
-            per_strategy["selector + agent"] = with_review
-        universe = {t.id for t in inventory.tests()}
-        ctx = Context(repo, universe)
-        hand = collect_evidence(change, inventory, ctx)
-        per_strategy["hand weights"] = _by_file(hand)
-        for heuristic in default_heuristics():
-            alone = collect_evidence(change, inventory, ctx, [heuristic])
-            per_strategy[heuristic.name] = _by_file(alone)
-        sources = {f.path for f in change.source_files}
-        together = co_changes(repo, parent, sources, files)
-        per_strategy["co-change + path"] = baseline_scores(together, sources, files)
-        per_strategy["random"] = {}
-        for share in SHARES:
-            # a change editing more test files than the share holds cannot be fully found
-            most = min(len(truth_in), max(1, round(len(files) * share)))
-            hits["best possible"][share] += most
-            per_change["best possible"][share] += most / len(truth_in)
-            if share == WHY_SHARE:
-                room = max(1, round(len(files) * share))
-                for missed in truth_in - top_files(full, files, share, rng):
-                    if len(truth_in) > room:
-                        why["the commit edits more test files than the share holds"] += 1
-                    elif not together[missed]:
-                        why["never changed with these sources before"] += 1
-                    else:
-                        why["changed with these sources before, outranked"] += 1
-            for name, scores in per_strategy.items():
-                chosen = top_files(scores, files, share, rng)
-                hits[name][share] += len(chosen & truth_in)
-                per_change[name][share] += len(chosen & truth_in) / len(truth_in)
-            tests_in = sum(
-                len(inventory.files[f].tests) for f in top_files(full, files, share, rng)
-            )
-            test_share[share] += tests_in / max(1, len(universe))
-        if i % 20 == 0:
-            print(f"  {i}/{len(candidates)} commits", flush=True)
-    print(f"{evaluated} commits evaluated, {truths} edited test files to find")
-    header = "strategy".ljust(22) + "".join(f"{f'{s:.0%} of files':>14}" for s in SHARES)
-    print(header)
-    for name in names:
-        row = "".join(f"{hits[name][s] / max(1, truths):>14.3f}" for s in SHARES)
-        print(name.ljust(22) + row)
-    print("the same, recall averaged per change (each change counts once):")
-    for name in (
-        "selector",
-        *(["selector + agent"] if with_agent else []),
-        "hand weights",
-        "co-change + path",
-        "random",
-        "best possible",
-    ):
-        row = "".join(f"{per_change[name][s] / max(1, evaluated):>14.3f}" for s in SHARES)
-        print(name.ljust(22) + row)
-    shares = ", ".join(
-        f"{s:.0%} of files = {test_share[s] / max(1, evaluated):.1%} of tests" for s in SHARES
-    )
-    print(f"selector's tests at those file shares: {shares}")
-    if times:
-        warm = statistics.median(times[1:]) if len(times) > 1 else times[0]
-        print(
-            f"select() per change: cold {times[0]:.2f} s (model fit included), "
-            f"warm median {warm:.2f} s"
-        )
-    if agent_times:
-        warm = statistics.median(agent_times[1:]) if len(agent_times) > 1 else agent_times[0]
-        print(
-            f"select() with the local agent: cold {agent_times[0]:.2f} s (model load and "
-            f"embeddings included), warm median {warm:.2f} s"
-        )
-    best = {
-        s: max(hits[n][s] for n in names if n not in ("selector", "best possible")) for s in SHARES
+                began = time.perf_counter()
+                plan, _change = select(Path(repo), p, head, None, config)
+                seconds = time.perf_counter() - began
+                files = {item.test.file for item in plan.selected}
+                chosen = {item.test.nodeid.split("[", 1)[0] for item in plan.selected}
+                row["results"][f"w{weight}@{budget}"] = {
+                    "files": sorted(files & truth),
+                    "tests": sorted(t for t in truth_tests if t in chosen),
+                    "share": plan.shares()["tests"],
+                    "seconds": seconds,
+                    "ranking": plan.ranking.get("chosen", "hand"),
+                    "rank_of_truth": _ranks(plan, truth),
+                }
+        rows.append(row)
+        print(f"  {Path(repo).name}: {number + 1}/{len(eligible)}", file=sys.stderr, flush=True)
+    return {"repo": repo, "rows": rows}
+
+
+def _ranks(plan: Any, truth: set[str]) -> dict[str, int]:
+    """Where the plan ranked each edited test file (by its best test), for the miss causes."""
+    best: dict[str, float] = defaultdict(float)
+    for item in [*plan.selected, *plan.excluded]:
+        best[item.test.file] = max(best[item.test.file], item.score)
+    order = sorted(best, key=lambda f: (-best[f], f))
+    return {f: order.index(f) + 1 for f in truth if f in best}
+
+
+def figures(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
+    files = sum(len(r["results"][key]["files"]) for r in rows)
+    truth = sum(len(r["truth"]) for r in rows)
+    tests = sum(len(r["results"][key]["tests"]) for r in rows)
+    truth_tests = sum(len(r["truth_tests"]) for r in rows)
+    seconds = [r["results"][key]["seconds"] for r in rows]
+    return {
+        "file": files / truth if truth else 0.0,
+        "test": tests / truth_tests if truth_tests else 0.0,
+        "share": statistics.mean(r["results"][key]["share"] for r in rows) if rows else 0.0,
+        "cold": seconds[0] if seconds else 0.0,  # the first change replayed: nothing cached
+        "warm": statistics.median(seconds[1:]) if len(seconds) > 1 else 0.0,
     }
-    for s in SHARES:
-        ours, base = (
-            hits["selector"][s] / max(1, truths),
-            hits["co-change + path"][s] / max(1, truths),
+
+
+def misses(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for r in rows:
+        found = set(r["results"][key]["files"])
+        budget_tests = float(key.rsplit("@", 1)[1]) * r["total"]
+        for f in r["truth"]:
+            if f in found:
+                continue
+            if r["truth_cost"] > budget_tests:
+                out["budget too small for the commit"] += 1
+            elif f not in r["cochanged"]:
+                out["never co-changed"] += 1
+            else:
+                out["outranked"] += 1
+    return dict(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("repos", nargs="+", help="clones of the histories (the yardstick writes refs)")
+    ap.add_argument("--commits", type=int, default=200)
+    ap.add_argument("--yardstick", default=str(YARDSTICK))
+    ap.add_argument("--file-weights", default=",".join(str(w) for w in FILE_WEIGHTS))
+    ap.add_argument("--jobs", type=int, default=2, help="histories replayed at once")
+    ap.add_argument("--save", help="write every per-commit result as JSON here")
+    ap.add_argument("--load", help="read results saved by --save instead of replaying")
+    args = ap.parse_args()
+    weights = tuple(float(w) for w in args.file_weights.split(","))
+    if args.load:
+        results = json.loads(Path(args.load).read_text())
+    else:
+        if not Path(args.yardstick).is_file():
+            print(f"the yardstick is missing: {args.yardstick}", file=sys.stderr)
+            return 2
+        with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            futures = [
+                pool.submit(replay, str(Path(r).resolve()), args.commits, args.yardstick, weights)
+                for r in args.repos
+            ]
+            results = [f.result() for f in futures]
+        if args.save:
+            Path(args.save).write_text(json.dumps(results))
+    names = [Path(r["repo"]).name for r in results]
+    print("\nPer history and setting (file recall / edited-test recall at 15 % and 5 %):")
+    for name, result in zip(names, results, strict=True):
+        rows = result["rows"]
+        line = [f"{name} ({len(rows)} changes)"]
+        for setting in ["combo", *[f"w{w}" for w in weights]]:
+            parts = []
+            for budget in BUDGETS:
+                fig = figures(rows, f"{setting}@{budget}")
+                parts.append(f"{fig['file']:.3f}/{fig['test']:.3f}")
+            line.append(f"{setting} {' '.join(parts)}")
+        print("  " + " | ".join(line))
+
+    def objective(result: dict[str, Any], setting: str) -> float:
+        return sum(
+            figures(result["rows"], f"{setting}@{b}")["file"]
+            + figures(result["rows"], f"{setting}@{b}")["test"]
+            for b in BUDGETS
         )
-        other = best[s] / max(1, truths)
-        print(
-            f"  at {s:.0%}: selector {ours:.3f} vs co-change + path {base:.3f} "
-            f"({ours - base:+.3f}); best other strategy {other:.3f}"
-        )
-    for s, goal in GOALS.items():
-        ours = hits["selector"][s] / max(1, truths)
-        base = hits["co-change + path"][s] / max(1, truths)
-        met = ours >= goal and ours >= base + MARGIN
-        print(
-            f"  goal at {s:.0%}: recall >= {goal} and >= baseline + {MARGIN}: "
-            + ("met" if met else f"NOT met ({ours:.3f})")
-        )
-    missed = sum(why.values())
-    if missed:
-        print(f"  the selector's {missed} misses at {WHY_SHARE:.0%}, by cause:")
-        for cause, count in why.most_common():
-            print(f"    {count:>4} ({count / missed:.0%})  {cause}")
 
-
-def _by_file(evidence: dict) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for test, items in evidence.items():
-        out[test.file] = max(out.get(test.file, 0.0), sum(e.score for e in items))
-    return out
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("repos", nargs="+", type=Path, help="git checkouts with real history")
-    parser.add_argument("--commits", type=int, default=200)
-    parser.add_argument(
-        "--agent", action="store_true", help="also the selector with the local embedding agent"
+    print("\nLeave one repository out (each row: the setting that scored best on the others)")
+    print(
+        "| history | setting | 15 %: file recall (combo) | edited-test recall (combo) | "
+        "5 %: file recall (combo) | edited-test recall (combo) | share 15 % | "
+        "s/change cold / warm | goals |"
     )
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-history-") as tmp:
-        for repo in args.repos:
-            evaluate(repo.resolve(), args.commits, Path(tmp) / "cache", args.agent)
+    print("|---|---|---|---|---|---|---|---|---|")
+    for k, (name, result) in enumerate(zip(names, results, strict=True)):
+        others = [r for j, r in enumerate(results) if j != k] or [result]
+        best = max(weights, key=lambda w: sum(objective(r, f"w{w}") for r in others))
+        setting = f"w{best}"
+        rows = result["rows"]
+        cells, goals = [], []
+        for budget in BUDGETS:
+            ours, base = figures(rows, f"{setting}@{budget}"), figures(rows, f"combo@{budget}")
+            cells += [
+                f"{ours['file']:.3f} ({base['file']:.3f})",
+                f"{ours['test']:.3f} ({base['test']:.3f})",
+            ]
+            if ours["file"] < base["file"] + GOAL_FILE_MARGIN:
+                goals.append(f"file {budget:.0%} {ours['file'] - base['file']:+.3f}")
+            if ours["test"] < base["test"]:
+                goals.append(f"edited {budget:.0%} below combo")
+            if budget == 0.15:
+                if ours["test"] < base["test"] + GOAL_TEST_MARGIN:
+                    goals.append(f"edited 15% {ours['test'] - base['test']:+.3f}")
+                if ours["test"] < GOAL_TEST_FLOOR:
+                    goals.append(f"edited 15% {ours['test']:.3f} < {GOAL_TEST_FLOOR}")
+        main_fig = figures(rows, f"{setting}@0.15")
+        print(
+            f"| {name} | file weight {best} | {' | '.join(cells)} | {main_fig['share']:.3f} | "
+            f"{main_fig['cold']:.1f} / {main_fig['warm']:.2f} | "
+            f"{'met' if not goals else '; '.join(goals)} |"
+        )
+    print("\nMisses at 15 % by cause (the LOO setting):")
+    for k, (name, result) in enumerate(zip(names, results, strict=True)):
+        others = [r for j, r in enumerate(results) if j != k] or [result]
+        best = max(weights, key=lambda w: sum(objective(r, f"w{w}") for r in others))
+        rankings: dict[str, int] = defaultdict(int)
+        for r in result["rows"]:
+            rankings[r["results"][f"w{best}@0.15"].get("ranking", "?")] += 1
+        causes = misses(result["rows"], f"w{best}@0.15")
+        print(f"  {name}: {causes}; rankings chosen: {dict(rankings)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -34,6 +34,7 @@ class FileChange:
     hunks: list[tuple[int, int, int, int]] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    contexts: list[str] = field(default_factory=list)  # git's hunk headers (enclosing def/class)
 
     @property
     def hunk_text(self) -> str:
@@ -91,23 +92,33 @@ def _parse_diff(text: str) -> dict[str, FileChange]:
             if path != "/dev/null":
                 current = out.setdefault(path, FileChange(path, "M"))
         elif line.startswith("@@") and current is not None:
-            m = re.match(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", line)
+            m = re.match(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@ ?(.*)", line)
             if m:
                 current.hunks.append((int(m[1]), int(m[2] or 1), int(m[3]), int(m[4] or 1)))
+                if m[5]:
+                    current.contexts.append(m[5])
         elif current is not None and line[:1] in "+-" and not line.startswith(("+++", "---")):
             (current.added if line[0] == "+" else current.removed).append(line[1:])
     return out
 
 
-def _defs(source: bytes | None, path: str) -> tuple[dict[str, str], str | None]:
-    """Qualified def/class name -> AST dump (without positions)."""
+_Span = tuple[ast.AST, int, int]  # a def, class body or assignment, and its first/last line
+
+
+def _defs(source: bytes | None, path: str) -> tuple[dict[str, _Span], str | None]:
+    """Qualified def/class name -> the node to compare and the lines it spans."""
     if source is None:
         return {}, None
     try:
         tree = ast.parse(source, filename=path)
     except (SyntaxError, ValueError) as exc:
         return {}, f"{path}: does not parse ({type(exc).__name__}: {exc}); using changed lines only"
-    out: dict[str, str] = {}
+    out: dict[str, _Span] = {}
+
+    def span(node: ast.stmt) -> tuple[int, int]:
+        decorators = getattr(node, "decorator_list", [])
+        start = min([node.lineno, *(d.lineno for d in decorators)])
+        return start, node.end_lineno or node.lineno
 
     def walk(nodes: list[ast.stmt], prefix: str) -> None:
         for node in nodes:
@@ -120,17 +131,42 @@ def _defs(source: bytes | None, path: str) -> tuple[dict[str, str], str | None]:
                         for n in node.body
                         if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
                     ]
-                    out[name] = ast.dump(ast.Module(body=body, type_ignores=[]))
+                    out[name] = (ast.Module(body=body, type_ignores=[]), *span(node))
                 else:
-                    out[name] = ast.dump(node)
+                    out[name] = (node, *span(node))
             elif not prefix and isinstance(node, ast.Assign | ast.AnnAssign):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for target in targets:
                     if isinstance(target, ast.Name):
-                        out[target.id] = ast.dump(node)
+                        out[target.id] = (node, *span(node))
 
     walk(tree.body, "")
     return out, None
+
+
+def _changed_defs(
+    old: dict[str, _Span], new: dict[str, _Span], hunks: list[tuple[int, int, int, int]]
+) -> set[str]:
+    """Names whose parsed form differs. Only what spans a changed line can differ (the rest
+    is the same text, at most moved), so only that is dumped: big files stay cheap."""
+
+    def near(defs: dict[str, _Span], side: int) -> set[str]:
+        ranges = [(h[side], h[side] + max(h[side + 1], 1) - 1) for h in hunks]
+        return {
+            name
+            for name, (_node, start, end) in defs.items()
+            if any(start <= last and end >= first for first, last in ranges)
+        }
+
+    candidates = (old.keys() ^ new.keys()) | (
+        near(old, 0) | near(new, 2) if hunks else old.keys() | new.keys()
+    )
+    changed = set()
+    for name in candidates:
+        before, after = old.get(name), new.get(name)
+        if before is None or after is None or ast.dump(before[0]) != ast.dump(after[0]):
+            changed.add(name)
+    return changed
 
 
 def _ops_from_lines(change: FileChange) -> set[str]:
@@ -194,6 +230,7 @@ def analyze(
         parsed = diff.get(path) or (diff.get(change.old_path) if change.old_path else None)
         if parsed:
             change.hunks, change.added, change.removed = parsed.hunks, parsed.added, parsed.removed
+            change.contexts = parsed.contexts
         analysis.ops |= _ops_from_lines(change)
         if not path.endswith(".py") or change.binary:
             continue
@@ -202,9 +239,7 @@ def analyze(
         old_defs, old_err = _defs(old_src, path)
         new_defs, new_err = _defs(new_src, path)
         analysis.parse_errors += [e for e in (old_err, new_err) if e]
-        changed = {
-            k for k in old_defs.keys() | new_defs.keys() if old_defs.get(k) != new_defs.get(k)
-        }
+        changed = _changed_defs(old_defs, new_defs, change.hunks)
         if old_err or new_err:  # one side unparsable: every def on the other side near a hunk
             changed |= set(old_defs) | set(new_defs)
         for name in changed:

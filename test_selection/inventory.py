@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from test_selection.git import Repo
-from test_selection.layout import DEFAULT_PATTERNS
+from test_selection.layout import DEFAULT_PATTERNS, NO_RECURSE
+from test_selection.test_bodies import tokens
 from test_selection.types import TestId
 
 __all__ = ["DEFAULT_PATTERNS", "Inventory", "TestFile", "TestFunction", "build_inventory"]
-INVENTORY_FORMAT = 3  # 3: test files record the modules they import
+INVENTORY_FORMAT = 4  # 4: a test's source starts at its first decorator
 MAX_SOURCE_CHARS = 4000
 
 
@@ -37,6 +38,15 @@ class TestFunction:
     decorators: list[str]
     references: list[str]
     source: str
+
+    @cached_property
+    def tokens(self) -> frozenset[str]:
+        """Its identifiers, read as the backtest reads past versions (``test_bodies``)."""
+        return tokens(self.source)
+
+    @property
+    def lines(self) -> int:
+        return self.end_lineno - self.lineno + 1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -167,7 +177,8 @@ def parse_test_file(path: str, blob: str, source: bytes) -> TestFile:
         refs = _names(fn)
         for var in list(refs):  # @ops(_binary_ops): the ops named where the list is built
             refs |= module_vars.get(var, set())
-        segment = "".join(lines[fn.lineno - 1 : fn.end_lineno or fn.lineno])
+        start = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
+        segment = "".join(lines[start - 1 : fn.end_lineno or fn.lineno])
         tests.append(
             TestFunction(
                 TestId(path, cls, fn.name),
@@ -194,7 +205,12 @@ def parse_test_file(path: str, blob: str, source: bytes) -> TestFile:
 
 
 def is_test_path(path: str, patterns: tuple[str, ...] = DEFAULT_PATTERNS) -> bool:
-    return any(fnmatch.fnmatchcase(path, p) for p in patterns)
+    """A test file by the patterns, outside the folders pytest never enters (``.git``-like
+    hidden folders, build output, virtual environments)."""
+    if not any(fnmatch.fnmatchcase(path, p) for p in patterns):
+        return False
+    folders = path.split("/")[:-1]
+    return not any(fnmatch.fnmatchcase(d, n) for d in folders for n in NO_RECURSE)
 
 
 def default_cache_dir() -> Path:

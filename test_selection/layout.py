@@ -1,7 +1,8 @@
 """Where a repository keeps its tests: its pytest configuration, else the common layouts.
 
-PyTorch keeps them in ``test/``, torch-spyre and most Python projects in ``tests/``, some
-beside the code as ``*_test.py``. A repository that configures pytest (``testpaths``,
+PyTorch keeps them in ``test/``, torch-spyre and most Python projects in ``tests/``, others
+beside the code (``pkg/sub/tests/test_x.py``, ``pkg/x_test.py``). A repository that
+configures pytest (``testpaths``,
 ``python_files`` in ``pytest.ini``, ``pyproject.toml``, ``tox.ini`` or ``setup.cfg``) says
 where its tests are; that is honoured first. Read from git objects at a revision, never
 from a checkout, and never executed.
@@ -16,14 +17,11 @@ from dataclasses import dataclass
 
 from test_selection.git import Repo
 
-DEFAULT_PATTERNS = (
-    "test/test_*.py",
-    "test/**/test_*.py",
-    "tests/test_*.py",
-    "tests/**/test_*.py",
-    "*_test.py",
-)
+# where pytest itself looks when nothing is configured: test_*.py and *_test.py at any depth
+# (in fnmatch, * crosses folders), apart from the folders it never enters (NO_RECURSE)
+DEFAULT_PATTERNS = ("test_*.py", "*/test_*.py", "*_test.py")
 PYTEST_PYTHON_FILES = ("test_*.py", "*_test.py")  # pytest's own default for python_files
+NO_RECURSE = ("*.egg", ".*", "_darcs", "build", "CVS", "dist", "node_modules", "venv", "{arch}")
 _CONFIG_FILES = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 
 

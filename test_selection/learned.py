@@ -6,31 +6,27 @@ files (co-change overall, recent and per source, path and file-name words, wheth
 imports a changed module, how recently and often it changes itself), and a logistic
 regression learns their weights from the repository's past commits that changed source
 and tests together: features computed with the history *before* each commit, label = the
-commit edited that test file. It trains only on commits older than the change selected for
-(time split), and is refitted as history grows (a fit is reused for the next commits).
+commit edited that test file. It trains only on commits older than the ones it ranks for
+(time split); the backtest (``backtest.py``) decides whether it ranks at all.
 
 Logistic regression, not a larger model: its score is a sum of per-feature contributions,
-so every selection can say what counted and by how much. Too little history (fewer than
-``MIN_POSITIVES`` edited test files to learn from) leaves the hand weights in charge.
+so every selection can say what counted and by how much.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import pickle
 import re
-import uuid
+from bisect import bisect_left
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
-from test_selection.git import GitError, Repo
+from test_selection.history import History
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2  # 2: the fit kept as plain numbers
 FEATURES = (
     "co-change with these sources, per source",  # sum over sources of P(test | source)
     "co-change with these sources",  # log of the commits both changed in
@@ -44,7 +40,6 @@ FEATURES = (
     "co-change with these sources' folders",  # per folder, like the first, one level up
     "its folders mirror a changed path",  # share of a source's folders found in its path
 )
-HISTORY_COMMITS = 3000  # history read before the change
 TRAIN_COMMITS = 300  # of those, the newest commits that changed source and tests together
 MIN_POSITIVES = 30  # fewer labelled test files than this: too little to learn from
 REFIT_EVERY = 50  # a fit serves the next commits until history has grown this much
@@ -55,8 +50,16 @@ _STOP = {"test", "tests", "init", "py", "src", "__init__", "utils", "util", "com
 _SPLIT = re.compile(r"[/_.\-]+")
 
 
-def _words(path: str) -> set[str]:
-    return {w for w in _SPLIT.split(path.lower()) if len(w) > 1 and w not in _STOP}
+@lru_cache(maxsize=65536)
+def _words(path: str) -> frozenset[str]:
+    return frozenset(w for w in _SPLIT.split(path.lower()) if len(w) > 1 and w not in _STOP)
+
+
+@lru_cache(maxsize=65536)
+def _test_words(test: str) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """A test file's path words, file-name words and folders (asked for on every change)."""
+    stem = test.rsplit("/", 1)[-1].removesuffix(".py").removeprefix("test_")
+    return _words(test), _words(stem), frozenset(test.split("/")[:-1])
 
 
 def _module(path: str) -> str | None:
@@ -64,50 +67,6 @@ def _module(path: str) -> str | None:
         return None
     module = path[:-3].replace("/", ".")
     return module.removesuffix(".__init__")
-
-
-@dataclass(frozen=True)
-class History:
-    """Non-merge commits before (and including) a revision, oldest first, and where each
-    path appears (postings), so features for any set of sources are cheap."""
-
-    shas: tuple[str, ...]
-    files: tuple[tuple[str, ...], ...]
-    postings: dict[str, list[int]]
-    # folder -> path in it -> commit indexes (for folder-level co-change)
-    folder_postings: dict[str, dict[str, list[int]]]
-
-    @classmethod
-    def read(cls, repo: Repo, rev: str, limit: int = HISTORY_COMMITS) -> History:
-        try:
-            text = repo.text(
-                "log",
-                "--no-merges",
-                "--name-only",
-                "--format=%x01%H",
-                f"-n{limit}",
-                "--end-of-options",
-                rev,
-                "--",
-            )
-        except GitError:
-            text = ""
-        shas: list[str] = []
-        files: list[tuple[str, ...]] = []
-        for block in reversed(text.split("\x01")):
-            lines = [line for line in block.split("\n") if line]
-            if lines:
-                shas.append(lines[0])
-                files.append(tuple(lines[1:]))
-        postings: dict[str, list[int]] = defaultdict(list)
-        for index, paths in enumerate(files):
-            for path in paths:
-                postings[path].append(index)
-        folder_postings: dict[str, dict[str, list[int]]] = defaultdict(dict)
-        for path, indexes in postings.items():
-            if "/" in path:
-                folder_postings[path.rsplit("/", 1)[0]][path] = indexes
-        return cls(tuple(shas), tuple(files), dict(postings), dict(folder_postings))
 
 
 @lru_cache(maxsize=65536)
@@ -120,8 +79,20 @@ def _prefix_set(imports: frozenset[str]) -> frozenset[str]:
     return frozenset(out)
 
 
+_PREFIXES: dict[int, tuple[set[str], frozenset[str]]] = {}
+
+
 def _prefixes(imports: set[str]) -> frozenset[str]:
-    return _prefix_set(frozenset(imports))
+    """The prefixes of one test file's imports; the same set object is asked for on every
+    change, so its answer is kept by identity (and checked, in case the id was reused)."""
+    kept = _PREFIXES.get(id(imports))
+    if kept is not None and kept[0] is imports:
+        return kept[1]
+    answer = _prefix_set(frozenset(imports))
+    if len(_PREFIXES) > 65536:
+        _PREFIXES.clear()
+    _PREFIXES[id(imports)] = (imports, answer)
+    return answer
 
 
 def _add_share(
@@ -132,7 +103,7 @@ def _add_share(
         return
     counts: Counter[str] = Counter()
     for i in indexes:
-        counts.update(p for p in history.files[i] if p in test_set)
+        counts.update(test_set.intersection(history.files[i]))
     for test, count in counts.items():
         into[test] += count / len(indexes)
 
@@ -146,9 +117,10 @@ def features(
 ) -> list[list[float]]:
     """One row per test file: its relation to ``sources`` with history before index ``at``."""
     sources = set(sources)
-    seen: dict[str, list[int]] = {
-        s: [i for i in history.postings.get(s, ()) if i < at] for s in sources
-    }
+    seen: dict[str, Sequence[int]] = {}
+    for s in sources:
+        postings = history.postings.get(s, ())
+        seen[s] = postings[: bisect_left(postings, at)]
     together: Counter[str] = Counter()
     recent: dict[str, float] = defaultdict(float)
     pair: dict[str, float] = defaultdict(float)
@@ -174,8 +146,9 @@ def features(
     modules = [m.split(".") for m in (_module(s) for s in sources) if m]
     rows = []
     for test in test_files:
-        touches = [i for i in history.postings.get(test, ()) if i < at]
-        stem = test.rsplit("/", 1)[-1].removesuffix(".py").removeprefix("test_")
+        postings = history.postings.get(test, ())
+        touched = bisect_left(postings, at)
+        path_words, stem_words, test_dirs = _test_words(test)
         imported = 0.0
         names = _prefixes(imports.get(test, set()))
         for parts in modules:
@@ -189,22 +162,21 @@ def features(
                 math.log1p(together[test]),
                 recent[test],
                 together[test] / len(any_source) if any_source else 0.0,
-                float(len(words & _words(test))),
-                float(len(words & _words(stem))),
+                float(len(words & path_words)),
+                float(len(words & stem_words)),
                 imported,
-                DECAY ** (at - touches[-1]) if touches else 0.0,
-                math.log1p(len(touches)),
+                DECAY ** (at - postings[touched - 1]) if touched else 0.0,
+                math.log1p(touched),
                 folder_pair[test],
-                _mirror(source_dirs, test),
+                _mirror(source_dirs, test_dirs),
             ]
         )
     return rows
 
 
-def _mirror(source_dirs: list[list[str]], test: str) -> float:
+def _mirror(source_dirs: list[list[str]], test_dirs: frozenset[str]) -> float:
     """How much of a changed file's folder path reappears in the test's folder path
     (``pkg/models/llama/x.py`` and ``tests/pkg/models/llama/test_x.py``: 1.0)."""
-    test_dirs = set(test.split("/")[:-1])
     best = 0.0
     for dirs in source_dirs:
         if dirs:
@@ -214,29 +186,37 @@ def _mirror(source_dirs: list[list[str]], test: str) -> float:
 
 @dataclass
 class Ranker:
-    """A fitted model and what it learned from."""
+    """A fitted model as plain numbers (no scikit-learn needed to use it), and what it
+    learned from."""
 
-    model: Any  # sklearn Pipeline(StandardScaler, LogisticRegression)
+    mean: list[float]
+    scale: list[float]
+    coef: list[float]
+    intercept: float
     trained_on: int  # commits
     positives: int
     fitted_at: str  # the revision whose history it learned from
 
     def contributions(self, row: list[float]) -> list[float]:
         """Each feature's additive share of the score (standardized value x weight)."""
-        scaler, logistic = self.model[0], self.model[-1]
-        scaled = [(row[j] - scaler.mean_[j]) / (scaler.scale_[j] or 1.0) for j in range(len(row))]
-        return [float(v * w) for v, w in zip(scaled, logistic.coef_[0], strict=True)]
+        return [
+            (value - mean) / (scale or 1.0) * weight
+            for value, mean, scale, weight in zip(
+                row, self.mean, self.scale, self.coef, strict=True
+            )
+        ]
 
     def scores(self, rows: list[list[float]]) -> list[float]:
-        import numpy as np
-
-        if not rows:
-            return []
-        return [float(p) for p in self.model.predict_proba(np.array(rows))[:, 1]]
+        out = []
+        for row in rows:
+            z = self.intercept + sum(self.contributions(row))
+            out.append(1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z)))))
+        return out
 
 
 def is_source(path: str, is_test: Any) -> bool:
-    return path.endswith(".py") and not is_test(path)
+    """Anything but a test: a change to a config, a schema or a workflow moves tests too."""
+    return not is_test(path)
 
 
 def fit(
@@ -244,12 +224,16 @@ def fit(
     test_files: Sequence[str],
     imports: dict[str, set[str]],
     is_test: Any,
+    until: int | None = None,
+    rows_cache: dict[int, list[list[float]]] | None = None,
 ) -> tuple[Ranker | None, str]:
-    """Learn from the newest commits of ``history`` that changed sources and test files;
-    (None, why) when there is too little to learn from."""
+    """Learn from the newest commits of ``history`` before index ``until`` (all of it by
+    default) that changed sources and test files; (None, why) when there is too little.
+    ``rows_cache`` keeps each commit's feature rows for the next fit over the same files."""
+    until = len(history.files) if until is None else until
     present = set(test_files)
     examples: list[int] = []
-    for index in range(len(history.files) - 1, -1, -1):
+    for index in range(until - 1, -1, -1):
         paths = history.files[index]
         if any(p in present for p in paths) and any(is_source(p, is_test) for p in paths):
             examples.append(index)
@@ -261,12 +245,18 @@ def fit(
         paths = history.files[index]
         sources = [p for p in paths if is_source(p, is_test)]
         edited = {p for p in paths if p in present}
-        rows += features(history, index, sources, test_files, imports)
+        if rows_cache is not None and index in rows_cache:
+            rows += rows_cache[index]
+        else:
+            example = features(history, index, sources, test_files, imports)
+            if rows_cache is not None:
+                rows_cache[index] = example
+            rows += example
         labels += [int(t in edited) for t in test_files]
     positives = sum(labels)
     if positives < MIN_POSITIVES or positives == len(labels):
         return None, (
-            f"{len(examples)} commit(s) in the last {len(history.files)} changed source and "
+            f"{len(examples)} commit(s) in the last {until} changed source and "
             f"tests together ({positives} test-file edits; {MIN_POSITIVES} needed to learn): "
             "hand weights rank the tests"
         )
@@ -279,98 +269,21 @@ def fit(
         StandardScaler(), LogisticRegression(class_weight="balanced", max_iter=1000)
     )
     model.fit(np.array(rows), np.array(labels))
-    ranker = Ranker(model, len(examples), positives, history.shas[-1] if history.shas else "")
+    scaler, logistic = model[0], model[-1]
+    ranker = Ranker(
+        [float(v) for v in scaler.mean_],
+        [float(v) for v in scaler.scale_],
+        [float(v) for v in logistic.coef_[0]],
+        float(logistic.intercept_[0]),
+        len(examples),
+        positives,
+        history.shas[until - 1] if until else "",
+    )
     return ranker, (
         f"learned from {len(examples)} past commit(s) that changed source and tests together "
         f"({positives} test-file edits)"
     )
 
 
-class RankerCache:
-    """Fits on disk beside the inventory cache, keyed by the revision they learned at; a fit
-    made at most ``REFIT_EVERY`` commits earlier serves (history changes slowly)."""
-
-    def __init__(self, root: Path, key: str) -> None:
-        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        self.folder = root / f"ranker-v{FEATURE_VERSION}" / digest
-
-    def find(self, history: History) -> Ranker | None:
-        for sha in reversed(history.shas[-REFIT_EVERY:]):
-            path = self.folder / f"{sha}.pickle"
-            if path.is_file():
-                try:
-                    with path.open("rb") as handle:
-                        ranker = pickle.load(handle)  # our own file, written below
-                except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError):
-                    path.unlink(missing_ok=True)  # corrupt: refit
-                    continue
-                if isinstance(ranker, Ranker):
-                    return ranker
-        return None
-
-    def store(self, ranker: Ranker) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"{ranker.fitted_at}.pickle"
-        tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
-        with tmp.open("wb") as handle:
-            pickle.dump(ranker, handle)
-        tmp.replace(path)
-
-
-@dataclass(frozen=True)
-class FileRanking:
-    """The learned score of each test file for one change, and why."""
-
-    scores: dict[str, float]
-    reasons: dict[str, str]
-    note: str
-    # files the model cannot call either way: probability in UNSURE, or no relation to the
-    # change at all (no co-change, folder, word or import link): where an agent adds most
-    unsure: frozenset[str] = frozenset()
-
-    def is_unsure(self, test_file: str) -> bool:
-        return test_file in self.unsure
-
-
-def rank_files(
-    repo: Repo,
-    base: str,
-    sources: Iterable[str],
-    test_files: Sequence[str],
-    imports: dict[str, set[str]],
-    is_test: Any,
-    cache_root: Path,
-    cache_key: str,
-) -> FileRanking | None:
-    """Score ``test_files`` for a change of ``sources`` on top of ``base``; None (and the
-    hand weights) when the history is too short to learn from."""
-    history = History.read(repo, base)
-    cache = RankerCache(cache_root, cache_key)
-    ranker = cache.find(history)
-    note = ""
-    if ranker is None:
-        ranker, note = fit(history, test_files, imports, is_test)
-        if ranker is None:
-            raise TooLittleHistory(note)
-        cache.store(ranker)
-    else:
-        note = (
-            f"learned from {ranker.trained_on} past commit(s) that changed source and tests "
-            f"together ({ranker.positives} test-file edits; fitted at {ranker.fitted_at[:12]})"
-        )
-    rows = features(history, len(history.files), sources, test_files, imports)
-    probabilities = ranker.scores(rows)
-    scores, reasons = {}, {}
-    unsure = set()
-    for test, row, probability in zip(test_files, rows, probabilities, strict=True):
-        if UNSURE[0] <= probability <= UNSURE[1] or not any(row[j] for j in _RELATION):
-            unsure.add(test)
-        parts = sorted(zip(ranker.contributions(row), FEATURES, strict=True), key=lambda x: -x[0])
-        top = ", ".join(f"{name} {value:+.2f}" for value, name in parts[:3] if value > 0)
-        scores[test] = probability
-        reasons[test] = f"learned score {probability:.2f}" + (f" ({top})" if top else "")
-    return FileRanking(scores, reasons, note, frozenset(unsure))
-
-
 class TooLittleHistory(ValueError):
-    """Not enough past commits to learn from: the hand weights stay in charge."""
+    """Not enough past commits to learn from."""

@@ -353,7 +353,9 @@ def _without_docstrings(source: bytes | None, path: str) -> dict[str, str]:
             and isinstance(body[0].value.value, str)
         ):
             node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
-    return _defs(ast.unparse(tree).encode(), path)[0]
+    return {
+        name: ast.dump(span[0]) for name, span in _defs(ast.unparse(tree).encode(), path)[0].items()
+    }
 
 
 def _cosmetic(repo: Repo, analysis: ChangeAnalysis) -> set[str]:

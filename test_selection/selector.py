@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -11,15 +12,31 @@ from reuse_specs.loader import LoadedSpec, load_specs
 from reuse_specs.matching import TestVariant, decide
 from reuse_specs.modes import Mode
 from reuse_specs.upstream_check import find_drift
-from test_selection.agents import Agent, NoAgent, Review
+from test_selection.agents import Agent, LocalAgent, NoAgent, Review
+from test_selection.allocation import FILE_WEIGHT, file_values, idf_order
+from test_selection.backtest import (
+    MIN_CASES,
+    ChoiceCache,
+    RankingChoice,
+    anchor_index,
+    buckets,
+    choose,
+)
 from test_selection.candidates import Context, Heuristic, collect_evidence, default_heuristics
 from test_selection.change_analysis import ChangeAnalysis, analyze
 from test_selection.git import Repo
-from test_selection.inventory import Inventory, build_inventory, default_cache_dir, is_test_path
+from test_selection.history import HISTORY_COMMITS, History
+from test_selection.inventory import (
+    Inventory,
+    TestFunction,
+    build_inventory,
+    default_cache_dir,
+    is_test_path,
+)
 from test_selection.layout import EmptyUniverse, Layout, detect_layout
-from test_selection.learned import UNSURE, FileRanking, TooLittleHistory, rank_files
 from test_selection.observations import Learned, Observation, learn
 from test_selection.plan import durations_for, make_plan
+from test_selection.test_bodies import diff_words
 from test_selection.types import Budget, Evidence, Scored, TestId, TestPlan
 
 
@@ -35,10 +52,14 @@ class SelectorConfig:
     patterns: tuple[str, ...] | None = None  # None: the repository's pytest config, else defaults
     cache_dir: Path = field(default_factory=default_cache_dir)
     heuristics: list[Heuristic] | None = None
-    history_commits: int = 2000
+    history_commits: int = HISTORY_COMMITS
     # past results of this backend (the relay's): learned durations, failures, flakes
     observations: tuple[Observation, ...] = ()
-    learn: bool = True  # rank test files with weights learned from the repository's history
+    learn: bool = True  # False: the hand weights rank (as ranking="hand")
+    # how test files are ranked: "auto" = the candidate that wins the backtest on the
+    # repository's own recent commits; or one of them by name; "hand" = the hand weights
+    ranking: str = "auto"
+    file_weight: float = FILE_WEIGHT  # allocation.py: reaching a file vs finding its tests
     label: str | None = None  # spec entries without this label are skipped (not in the universe)
 
 
@@ -71,39 +92,9 @@ def spec_universe(
 
 
 LEARNED_SIGNALS = frozenset({"co-change", "path-keywords"})
-
-
-def _learned_ranking(
-    repo: Repo,
-    change: ChangeAnalysis,
-    inventory: Inventory,
-    universe: set[TestId],
-    layout: Layout,
-    config: SelectorConfig,
-) -> FileRanking | None:
-    """The repository's learned ranking of the universe's test files, or None (and a note
-    why) when its history is too short: then the hand weights rank them."""
-    files = sorted({t.file for t in universe})
-    imports = {p: set(f.imports) for p, f in inventory.files.items()}
-    sources = {f.path for f in change.source_files} | {
-        f.old_path for f in change.source_files if f.old_path
-    }
-    roots = repo.text("rev-list", "--max-parents=0", "--end-of-options", change.base).split()
-    key = f"{','.join(sorted(roots))}|{'|'.join(layout.patterns)}"
-    try:
-        return rank_files(
-            repo,
-            change.base,
-            sources,
-            files,
-            imports,
-            lambda path: is_test_path(path, layout.patterns),
-            config.cache_dir,
-            key,
-        )
-    except TooLittleHistory as why:
-        change.parse_errors.append(str(why))
-        return None
+# what the backtest-chosen ranking replaces: files by history, tests by the change's words
+RANKED_SIGNALS = frozenset({"co-change", "path-keywords", "references-change"})
+RANKINGS = ("auto", "history", "learned", "blend", "hand")
 
 
 def _review(
@@ -111,30 +102,139 @@ def _review(
     change: ChangeAnalysis,
     scored: dict[TestId, Scored],
     inventory: Inventory,
-    learned_files: FileRanking | None,
+    ranked: Mapping[TestId, Evidence],
 ) -> Review:
-    """The agent reviews where it can add information: every candidate under the hand
-    weights, and only the tests of files the learned ranking is unsure of when it is in
-    charge (the bench measured the agent adding little elsewhere, at several times the cost)."""
-    if learned_files is None or isinstance(agent, NoAgent):
-        return agent.review(change, scored, inventory)
-    unsure = {t: s for t, s in scored.items() if learned_files.is_unsure(t.file) or s.mandatory}
-    before = {t: len(s.evidence) for t, s in unsure.items()}
-    review = agent.review(change, unsure, inventory)
-    ceiling = UNSURE[1]
-    for test, item in unsure.items():
-        # reorder within the unsure band only: never above a file the model is sure of
-        room = max(0.0, ceiling - learned_files.scores.get(test.file, 0.0))
-        for k in range(before[test], len(item.evidence)):
-            evidence = item.evidence[k]
-            if evidence.score > room:
-                item.evidence[k] = replace(evidence, score=room)
-            room -= item.evidence[k].score
-    review.notes.append(
-        f"the {review.agent} agent reviewed the {len(unsure)} of {len(scored)} test(s) whose "
-        "files the learned ranking is unsure of; the learned ranking decides the rest"
-    )
+    """The agent's review. Under a backtest ranking, what an agent says moves a test by at
+    most its own value (the agents speak in the hand weights' units, the ranking in chances)."""
+    before = {t: len(s.evidence) for t, s in scored.items()}
+    review = agent.review(change, scored, inventory)
+    if ranked:
+        for test, item in scored.items():
+            own = ranked.get(test)
+            for k in range(before[test], len(item.evidence)):
+                e = item.evidence[k]
+                item.evidence[k] = replace(e, score=e.score * (own.score if own else 0.0))
     return review
+
+
+def _fraction(budget: Budget, universe: int, seconds: Mapping[TestId, float]) -> float:
+    """The budget as a share of the tests, the unit the backtest replays at."""
+    if budget.kind == "fraction":
+        return budget.value
+    if budget.kind == "count":
+        return min(1.0, budget.value / max(1, universe))
+    if budget.kind == "seconds":
+        total = sum(seconds.values())
+        return min(1.0, budget.value / total) if total else 0.15
+    return 0.15  # "all": every test runs; the ranking still orders the plan
+
+
+def _choose_ranking(
+    repo: Repo,
+    history: History,
+    change: ChangeAnalysis,
+    sizes: dict[str, int],
+    imports: dict[str, set[str]],
+    layout: Layout,
+    fraction: float,
+    config: SelectorConfig,
+    specs: list[Path] | None,
+) -> tuple[RankingChoice, list[str]]:
+    """The backtest's choice for this change's anchor, from the cache when it was made."""
+    notes: list[str] = []
+    anchor = anchor_index(repo, history, change.base)
+    if history.truncated:
+        notes.append(
+            f"history: the newest {len(history.shas)} commits were read (the repository has more)"
+        )
+    if repo.text("rev-parse", "--is-shallow-repository").strip() == "true":
+        notes.append(
+            f"the clone is shallow: {len(history.shas)} commit(s) of history before the change "
+            "(git fetch --unshallow gives the backtest more)"
+        )
+    roots = repo.text("rev-list", "--max-parents=0", "--end-of-options", change.base).split()
+    key = "|".join(
+        [
+            ",".join(sorted(roots)),
+            *layout.patterns,
+            config.label or "",
+            *sorted(str(s) for s in specs or ()),
+            config.ranking,
+        ]
+    )
+    cache = ChoiceCache(config.cache_dir, key)
+    fraction = round(fraction, 4)
+    anchor_sha = history.shas[anchor] if anchor >= 0 else ""
+    choice, warning = cache.load(anchor_sha, fraction, config.file_weight)
+    if warning:
+        notes.append(warning)
+    if choice is None:
+        only = None if config.ranking == "auto" else config.ranking
+        choice = choose(
+            repo,
+            history,
+            anchor,
+            sizes,
+            imports,
+            lambda path: is_test_path(path, layout.patterns),
+            fraction,
+            config.file_weight,
+            only,
+        )
+        cache.store(choice, config.file_weight)
+    return choice, notes
+
+
+def _ranked_evidence(
+    choice: RankingChoice,
+    history: History,
+    change: ChangeAnalysis,
+    inventory: Inventory,
+    universe: set[TestId],
+    imports: dict[str, set[str]],
+    file_weight: float,
+) -> dict[TestId, Evidence]:
+    """Every universe test's value under the chosen ranking (``allocation.py``), with why."""
+    by_file: dict[str, list[TestFunction]] = defaultdict(list)
+    for fn in inventory.tests():
+        if fn.id in universe:
+            by_file[fn.id.file].append(fn)
+    files = sorted(by_file)
+    sources = {f.path for f in change.source_files} | {
+        f.old_path for f in change.source_files if f.old_path
+    }
+    ranked = choice.ranker(imports).rank(history, len(history.files), sources, files, True)
+    file_buckets = buckets(ranked, files)
+    order = sorted(files, key=lambda f: (-ranked.scores.get(f, 0.0), f))
+    words = (
+        diff_words(
+            line for f in change.source_files for line in (*f.contexts, *f.removed, *f.added)
+        )
+        | frozenset(change.names)
+        | frozenset(change.ops)
+    )
+    calibration = choice.calibration
+    out: dict[TestId, Evidence] = {}
+    for rank, path in enumerate(order):
+        tests = by_file[path]
+        n = len(tests)
+        p = calibration.p_file(file_buckets[path])
+        values = file_values(p, calibration.expected_edited(n), n, calibration, file_weight)
+        within, word_scores = idf_order([(fn.tokens, fn.lines) for fn in tests], words)
+        why = ranked.reasons.get(path)
+        head = (
+            f"{path} is #{rank + 1} of {len(files)} by {choice.description}"
+            + (f" ({why})" if why else " (no evidence)")
+            + f", {p:.0%} likely reached"
+        )
+        for position, index in enumerate(within):
+            fn = tests[index]
+            shared = sorted(fn.tokens & words) if word_scores[index] > 0 else []
+            detail = f"; test #{position + 1} of {n} in its file" + (
+                f", uses {', '.join(shared[:4])} from the change" if shared else ""
+            )
+            out[fn.id] = Evidence("candidates", "ranking", float(values[position]), head + detail)
+    return out
 
 
 def select(
@@ -207,35 +307,65 @@ def select(
         config.history_commits,
         learned.flakes,
     )
-    learned_files = None
     heuristics = config.heuristics
-    if config.learn and heuristics is None:
-        learned_files = _learned_ranking(repo, change, inventory, universe, layout, config)
-        if learned_files is not None:  # it has co-change and path words inside
-            heuristics = [h for h in default_heuristics() if h.name not in LEARNED_SIGNALS]
-            notes.append(learned_files.note)
-    lap("learned")
+    ranking_name = "hand" if not config.learn else config.ranking
+    if ranking_name not in RANKINGS:
+        raise ValueError(f"unknown ranking {ranking_name!r} ({', '.join(RANKINGS)})")
+    choice: RankingChoice | None = None
+    ranked: dict[TestId, Evidence] = {}
+    durations = durations_for(
+        sorted(universe, key=lambda t: t.sort_key),
+        config.file_seconds,
+        {**config.learned_seconds, **learned.seconds},
+    )
+    if ranking_name != "hand" and heuristics is None:
+        history = History.read(repo, change.base, config.history_commits)
+        lap("history")
+        sizes = Counter(t.file for t in universe)
+        imports = {p: set(f.imports) for p, f in inventory.files.items()}
+        choice, cache_notes = _choose_ranking(
+            repo,
+            history,
+            change,
+            dict(sizes),
+            imports,
+            layout,
+            _fraction(config.budget, len(universe), durations),
+            config,
+            specs,
+        )
+        notes += cache_notes
+        lap("backtest")
+        if choice.cases < MIN_CASES:
+            notes.append(f"{choice.reason.split(';')[0]}: the hand weights rank the tests")
+            choice = None
+        else:
+            heuristics = [h for h in default_heuristics() if h.name not in RANKED_SIGNALS]
+            ranked = _ranked_evidence(
+                choice, history, change, inventory, universe, imports, config.file_weight
+            )
+            notes.append(f"ranking: {choice.description}, {choice.reason}")
+    for stage in ("history", "backtest"):
+        timings.setdefault(stage, 0.0)
+    lap("ranking")
     evidence = collect_evidence(change, inventory, ctx, heuristics)
-    if learned_files is not None:
-        for test in universe:
-            if test.file in learned_files.scores:
-                evidence.setdefault(test, []).append(
-                    Evidence(
-                        "candidates",
-                        "learned",
-                        learned_files.scores[test.file],
-                        learned_files.reasons[test.file],
-                    )
-                )
+    for test, value in ranked.items():
+        evidence.setdefault(test, []).append(value)
     scored = {
         t: Scored(t, list(evidence.get(t, []))) for t in sorted(universe, key=lambda t: t.sort_key)
     }
     lap("candidates")
-    review = _review(config.agent, change, scored, inventory, learned_files)
+    if choice is not None and isinstance(config.agent, LocalAgent):
+        review = Review(
+            "none",
+            [
+                "the local agent was skipped: the backtest does not measure it yet, and "
+                "unmeasured it may only cost time"
+            ],
+        )
+    else:
+        review = _review(config.agent, change, scored, inventory, ranked)
     lap("agent")
-    durations = durations_for(
-        list(scored), config.file_seconds, {**config.learned_seconds, **learned.seconds}
-    )
     selected, excluded, shards, plan_notes = make_plan(
         scored, config.budget, durations, config.shards, modes
     )
@@ -256,5 +386,6 @@ def select(
         timings=timings,
         patterns=list(layout.patterns),
         spec_drift=[d.to_json() for d in drift],
+        ranking=choice.to_json() if choice is not None else {},
     )
     return plan, change

@@ -158,6 +158,8 @@ class TestPlan:
     # what the specs list that this revision lacks (reuse_specs' SpecDrift.to_json): the run
     # goes on without it, and the run page and reports say so
     spec_drift: list[dict[str, Any]] = field(default_factory=list)
+    # how test files were ranked: the backtest's choice and its figures (empty: hand weights)
+    ranking: dict[str, Any] = field(default_factory=dict)
 
     def shares(self) -> dict[str, float]:
         """What part of the universe the plan takes: tests, test files, estimated seconds."""
@@ -190,4 +192,5 @@ class TestPlan:
             "change": self.change,
             "notes": self.notes,
             "spec_drift": self.spec_drift,
+            "ranking": self.ranking,
         }

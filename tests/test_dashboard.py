@@ -525,6 +525,61 @@ def test_run_page_explains_the_selection(relay: Relay, store: Store) -> None:
     assert relay.client.get(f"/api/runs/{run.id}").json()["selection"]["universe_size"] == 40
 
 
+def test_run_page_says_which_ranking_the_backtest_chose(relay: Relay, store: Store) -> None:
+    ranking = {
+        "chosen": "learned",
+        "description": "learned model",
+        "reason": "chosen by backtest on 60 past commit(s) up to abc at 15% of the tests",
+        "backtest_commits": 60,
+        "anchor": sha(3),
+        "budget_fraction": 0.15,
+        "candidates": [
+            {
+                "ranking": "history",
+                "description": "history counting + path words",
+                "file_recall": 0.72,
+                "edited_test_recall": 0.61,
+            },
+            {
+                "ranking": "learned",
+                "description": "learned model",
+                "file_recall": 0.84,
+                "edited_test_recall": 0.7,
+            },
+        ],
+    }
+    selected = [
+        planned(
+            "test/test_a.py::TestA::test_x",
+            0.0042,
+            [
+                evidence(
+                    "candidates", "ranking", 0.0042, "test/test_a.py is #1 of 9 by learned model"
+                )
+            ],
+            0,
+        )
+    ]
+    run = store.run(
+        store.change(sha(42)),
+        "cpu",
+        plan={**PLAN, "selected": selected, "ranking": ranking},
+    )
+    store.session.commit()
+    text = text_of(page(relay, f"/runs/{run.id}"))
+    for expected in (
+        "ranking learned model (chosen by backtest on 60 past commits)",
+        "history counting + path words 72.0% 61.0%",
+        "learned model 84.0% 70.0% chosen",
+        "ranking +0.0042 test/test_a.py is #1 of 9 by learned model",
+    ):
+        assert expected in text, (expected, text[:3000])
+    # a plan from before the backtest (or with too little history) says hand weights
+    old = store.run(store.change(sha(43)), "cpu", plan=PLAN)
+    store.session.commit()
+    assert "ranking hand weights" in text_of(page(relay, f"/runs/{old.id}"))
+
+
 def test_run_page_before_selection(relay: Relay, store: Store) -> None:
     run = store.run(store.change(sha(41)), "cpu", state="pending", conclusion=None)
     store.session.commit()

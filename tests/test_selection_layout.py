@@ -42,7 +42,13 @@ def _repo(tmp_path: Path, test_path: str, extra: dict[str, str] | None = None) -
 
 @pytest.mark.parametrize(
     "test_path",
-    ["tests/test_ops.py", "tests/unit/test_ops.py", "test/test_ops.py", "pkg/ops_test.py"],
+    [
+        "tests/test_ops.py",
+        "tests/unit/test_ops.py",
+        "test/test_ops.py",
+        "pkg/ops_test.py",
+        "pkg/sub/tests/test_ops.py",  # beside the code (networkx, dask)
+    ],
 )
 def test_common_layouts_work_without_flags(tmp_path: Path, test_path: str) -> None:
     repo = _repo(tmp_path, test_path)
@@ -54,7 +60,9 @@ def test_common_layouts_work_without_flags(tmp_path: Path, test_path: str) -> No
     assert set(data["timings"]) == {
         "change_analysis",
         "inventory",
-        "learned",
+        "history",
+        "backtest",
+        "ranking",
         "candidates",
         "agent",
         "plan",

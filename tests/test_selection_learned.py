@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from test_selection.git import Repo
-from test_selection.learned import FEATURES, History, RankerCache, TooLittleHistory, rank_files
+from test_selection.history import History
+from test_selection.learned import FEATURES, fit
 from test_selection.selector import SelectorConfig, select
 from test_selection.types import Budget
 from tests.gitrepo import GitRepo
@@ -77,62 +78,30 @@ def test_the_reason_names_each_features_contribution(tmp_path: Path) -> None:
         parent,
         sha,
         None,
-        SelectorConfig(budget=Budget("all"), cache_dir=tmp_path / "cache"),
+        SelectorConfig(budget=Budget("all"), cache_dir=tmp_path / "cache", ranking="learned"),
         exclude_paths={f"tests/test_check_{PAIRS[source]}.py"},
     )
+    assert plan.ranking["chosen"] == "learned"
     top = max(plan.selected, key=lambda p: p.score)
-    learned = [e for e in top.evidence if e.source == "learned"]
-    assert learned and learned[0].reason.startswith("learned score ")
-    assert any(name in learned[0].reason for name in FEATURES)
-    assert any(note.startswith("learned from ") for note in plan.notes)
+    ranking = [e for e in top.evidence if e.source == "ranking"]
+    assert ranking and "by learned model (learned score " in ranking[0].reason
+    assert any(name in ranking[0].reason for name in FEATURES)
     assert {e.source for p in plan.selected for e in p.evidence}.isdisjoint(
-        {"co-change", "path-keywords"}  # inside the model now
+        {"co-change", "path-keywords", "references-change"}  # inside the ranking now
     )
 
 
-def test_too_little_history_keeps_the_hand_weights_and_says_so(tmp_path: Path) -> None:
+def test_too_little_to_learn_from_is_said(tmp_path: Path) -> None:
     repo, made = _history(tmp_path, 5)
-    sha, _ = made[-1]
-    parent = repo.git("rev-parse", f"{sha}^")
-    plan, _ = select(repo.path, parent, sha, None, SelectorConfig(cache_dir=tmp_path / "cache"))
-    notes = " ".join(plan.notes)
-    assert "30 needed to learn): hand weights rank the tests" in notes
-    assert any(e.source == "co-change" for p in plan.selected for e in p.evidence)
-    with pytest.raises(TooLittleHistory):
-        rank_files(
-            Repo(repo.path),
-            parent,
-            {"src/alpha.py"},
-            ["tests/test_zeta.py"],
-            {},
-            lambda p: p.startswith("tests/"),
-            tmp_path / "c2",
-            "k",
-        )
-
-
-def test_a_corrupt_fit_is_refitted_not_a_crash(tmp_path: Path) -> None:
-    repo, made = _history(tmp_path, 50)
-    sha, _ = made[-1]
-    history = History.read(Repo(repo.path), sha)
-    cache = RankerCache(tmp_path / "cache", "key")
-    args = (
-        Repo(repo.path),
-        sha,
-        {_source("alpha")},
+    history = History.read(Repo(repo.path), made[-1][0])
+    ranker, why = fit(
+        history,
         [f"tests/test_check_{t}.py" for t in PAIRS.values()],
         {},
         lambda p: p.startswith("tests/"),
-        tmp_path / "cache",
-        "key",
     )
-    first = rank_files(*args)
-    assert first is not None and cache.find(history) is not None
-    for stored in cache.folder.glob("*.pickle"):
-        stored.write_bytes(b"not a pickle")
-    again = rank_files(*args)
-    assert again is not None and again.scores == pytest.approx(first.scores)
-    assert cache.find(history) is not None  # written anew
+    assert ranker is None
+    assert "needed to learn" in why
 
 
 class _RecordingAgent:
@@ -150,16 +119,21 @@ class _RecordingAgent:
         return Review(self.name, [])
 
 
-def test_the_agent_reviews_only_what_the_learned_ranking_is_unsure_of(tmp_path: Path) -> None:
+def test_an_agent_under_the_backtest_ranking_moves_a_test_by_at_most_its_value(
+    tmp_path: Path,
+) -> None:
+    """A non-local agent still reviews under the backtest ranking, in the ranking's units."""
     repo, made = _history(tmp_path, 90)
     sha, source = made[-1]
     parent = repo.git("rev-parse", f"{sha}^")
     truth = f"tests/test_check_{PAIRS[source]}.py"
-    sure, hand = _RecordingAgent(), _RecordingAgent()
+    agent = _RecordingAgent()
     common = {"budget": Budget("all"), "cache_dir": tmp_path / "cache"}
     plan, _ = select(
-        repo.path, parent, sha, None, SelectorConfig(agent=sure, **common), exclude_paths={truth}
+        repo.path, parent, sha, None, SelectorConfig(agent=agent, **common), exclude_paths={truth}
     )
+    assert plan.ranking and agent.seen  # it was asked
+    hand = _RecordingAgent()
     select(
         repo.path,
         parent,
@@ -168,10 +142,4 @@ def test_the_agent_reviews_only_what_the_learned_ranking_is_unsure_of(tmp_path: 
         SelectorConfig(agent=hand, learn=False, **common),
         exclude_paths={truth},
     )
-    every = {f"tests/test_check_{t}.py" for t in PAIRS.values()} | {
-        f"tests/test_{s}_core_loader.py" for s in PAIRS
-    }
-    assert hand.seen == every  # the hand weights: the agent reviews every candidate
-    assert truth not in sure.seen  # the learned ranking is sure of the file history pairs
-    assert sure.seen < every
-    assert any("whose files the learned ranking is unsure of" in n for n in plan.notes)
+    assert hand.seen

@@ -19,7 +19,15 @@ if TYPE_CHECKING:  # the selector is imported when a command runs, not on every 
     from test_selection.selector import SelectorConfig
     from test_selection.types import PlannedTest, TestPlan
 
-PATTERN_HELP = "Glob of test files (repeatable); default: test/test_*.py and test/**/test_*.py."
+PATTERN_HELP = (
+    "Glob of test files (repeatable); default: the repository's pytest configuration, else "
+    "pytest's own default (test_*.py and *_test.py at any depth)."
+)
+
+RANKING_HELP = (
+    "How test files are ranked: auto (the candidate that wins a backtest on the repository's "
+    "own recent commits) | history | learned | blend | hand (the hand weights)."
+)
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -61,10 +69,16 @@ def _config(
     llm_model: str | None,
     patterns: list[str] | None = None,
     label: str | None = None,
+    ranking: str = "auto",
 ) -> SelectorConfig:
     from test_selection.plan import load_durations
-    from test_selection.selector import SelectorConfig
+    from test_selection.selector import RANKINGS, SelectorConfig
     from test_selection.types import Budget
+
+    if ranking not in RANKINGS:
+        raise typer.BadParameter(
+            f"unknown ranking {ranking!r} (one of {', '.join(RANKINGS)})", param_hint="--ranking"
+        )
 
     try:
         parsed = Budget.parse(budget)
@@ -79,6 +93,7 @@ def _config(
         always_run=tuple(always_run or ()),
         cache_dir=cache,
         label=label,
+        ranking=ranking,
     )
     if patterns:
         config.patterns = tuple(patterns)
@@ -98,10 +113,10 @@ def _explain(plan: TestPlan, test: str) -> None:
         raise typer.BadParameter(f"{test!r} is not in the universe of {plan.universe_size} tests")
     for item, chosen in matches[:5]:
         verdict = f"selected (shard {item.shard})" if chosen else "left out"
-        out.print(f"[bold]{item.test.nodeid}[/]: {verdict}, score {item.score:.2f}", soft_wrap=True)
+        out.print(f"[bold]{item.test.nodeid}[/]: {verdict}, score {item.score:.3g}", soft_wrap=True)
         for ev in sorted(item.evidence, key=lambda e: -e.score):
             out.print(
-                f"  {ev.stage:<10} {ev.source:<18} {ev.score:+.2f}  {ev.reason}", soft_wrap=True
+                f"  {ev.stage:<10} {ev.source:<18} {ev.score:+.3g}  {ev.reason}", soft_wrap=True
             )
 
 
@@ -113,7 +128,7 @@ def _table(plan: TestPlan, rows: list[PlannedTest], title: str) -> Table:
     table.add_column("why", overflow="fold")
     for item in rows:
         table.add_row(
-            item.test.nodeid, f"{item.score:.2f}", str(item.shard), "; ".join(item.reasons[:2])
+            item.test.nodeid, f"{item.score:.3g}", str(item.shard), "; ".join(item.reasons[:2])
         )
     return table
 
@@ -148,6 +163,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         pattern: Annotated[list[str] | None, typer.Option(help=PATTERN_HELP)] = None,
         label: LabelOpt = None,
+        ranking: Annotated[str, typer.Option(help=RANKING_HELP)] = "auto",
     ) -> None:
         """Select the upstream tests a change needs (four stages), with reasons."""
         from test_selection.git import GitError
@@ -155,7 +171,16 @@ def register(app: typer.Typer) -> None:
         from test_selection.selector import select
 
         config = _config(
-            budget, agent, shards, durations, always_run, llm_url, llm_model, pattern, label
+            budget,
+            agent,
+            shards,
+            durations,
+            always_run,
+            llm_url,
+            llm_model,
+            pattern,
+            label,
+            ranking,
         )
         try:
             with err.status("analysing the change and ranking tests…"):
@@ -178,6 +203,12 @@ def register(app: typer.Typer) -> None:
                 plan, plan.selected, f"{len(plan.selected)} of {plan.universe_size} tests selected"
             )
         )
+        if plan.ranking:
+            out.print(
+                f"ranking: {plan.ranking['description']} (chosen by backtest on "
+                f"{plan.ranking['backtest_commits']} past commits)",
+                soft_wrap=True,
+            )
         out.print(
             f"{plan.base[:12]}..{plan.head[:12]}  budget {plan.budget}  agent {plan.agent}  "
             f"changed files {plan.change['file_count']}  ops {', '.join(plan.change['ops']) or '-'}"

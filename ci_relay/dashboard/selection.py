@@ -15,6 +15,8 @@ from ci_relay.dashboard.views import (
     EvidenceItem,
     Pager,
     PlannedTestView,
+    RankingCandidate,
+    RankingView,
     SelectionView,
     StageEvidence,
     Variant,
@@ -106,7 +108,37 @@ def explain(
         timings=_numbers(plan.get("timings")),
         shares=_numbers(plan.get("shares")),
         spec_drift=_drift(plan.get("spec_drift")),
+        ranking=_ranking(plan.get("ranking")),
     )
+
+
+def _ranking(value: Any) -> RankingView | None:
+    """A stored plan's ranking choice (older plans and hand-weighted ones have none)."""
+    if not isinstance(value, Mapping) or not value.get("chosen"):
+        return None
+    chosen = str(value.get("chosen"))
+    candidates = [
+        RankingCandidate(
+            name=str(c.get("ranking", "")),
+            description=str(c.get("description", "")),
+            file_recall=_number(c.get("file_recall")),
+            test_recall=_number(c.get("edited_test_recall")),
+            chosen=str(c.get("ranking", "")) == chosen,
+        )
+        for c in value.get("candidates", []) or []
+        if isinstance(c, Mapping)
+    ]
+    commits = value.get("backtest_commits")
+    return RankingView(
+        description=str(value.get("description", chosen)),
+        reason=str(value.get("reason", "")),
+        commits=commits if isinstance(commits, int) else 0,
+        candidates=candidates,
+    )
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) else 0.0
 
 
 def _drift(value: Any) -> list[DriftView]:

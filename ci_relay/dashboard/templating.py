@@ -49,6 +49,15 @@ def when_s(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def score(value: float, signed: bool = False) -> str:
+    """A selection score: two decimals, or three significant digits when that shows nothing
+    (the backtest ranking scores in chances, often below 0.01)."""
+    sign = "+" if signed else ""
+    if value == 0 or abs(value) >= 0.01:
+        return f"{value:{sign}.2f}"
+    return f"{value:{sign}.2g}"
+
+
 def seconds(value: float | None) -> str:
     if value is None:
         return "—"
@@ -84,6 +93,8 @@ def make_environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(short=short_sha, when=when, when_s=when_s, seconds=seconds, percent=percent)
+    env.filters.update(
+        short=short_sha, when=when, when_s=when_s, seconds=seconds, percent=percent, score=score
+    )
     env.globals.update(with_params=with_params, page_link=page_link, COUNT_LABELS=COUNT_LABELS)
     return env

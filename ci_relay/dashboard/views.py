@@ -389,6 +389,28 @@ class SelectionView:
     timings: dict[str, float] = field(default_factory=dict)  # seconds per selector stage
     shares: dict[str, float] = field(default_factory=dict)  # of tests, test files, seconds
     spec_drift: list[DriftView] = field(default_factory=list)
+    ranking: RankingView | None = None
+
+
+@dataclass(frozen=True)
+class RankingCandidate:
+    """One ranking the backtest replayed, and what it found."""
+
+    name: str
+    description: str
+    file_recall: float
+    test_recall: float
+    chosen: bool
+
+
+@dataclass(frozen=True)
+class RankingView:
+    """How the plan ranked test files: the backtest's choice, why, and its figures."""
+
+    description: str
+    reason: str
+    commits: int
+    candidates: list[RankingCandidate]
 
 
 @dataclass(frozen=True)

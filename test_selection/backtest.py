@@ -1,0 +1,507 @@
+"""Choosing how to rank, per repository, by replaying its own recent commits.
+
+No ranking of test files wins everywhere (see ``rankers.py``), so the selector does not
+guess: before it selects for a change it takes the repository's most recent commits that
+changed source and existing tests together (all of them before the change: a time split),
+hides their test edits, and replays every candidate ranking on them with the plan's own
+budget rule (``allocation.py``). The one that found the most edited test files and edited
+tests wins, and what it measured becomes the numbers the plan spends the budget with.
+
+The work is done at an *anchor*: the change's base rounded down to a multiple of
+``REFIT_EVERY`` commits of its history, so neighbouring changes share one backtest (and
+one fit of the learned model) from the cache, and history grows into a refit by itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import pickle
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from test_selection.allocation import (
+    FILE_WEIGHT,
+    NO_EVIDENCE,
+    Calibration,
+    file_values,
+    idf_order,
+    rank_bucket,
+    size_bucket,
+)
+from test_selection.git import GitError, Repo
+from test_selection.history import History
+from test_selection.learned import Ranker, fit
+from test_selection.rankers import Blend, FileRanker, FileScores, HistoryCounting, LearnedRanking
+from test_selection.test_bodies import diff_words, split_tests
+
+log = logging.getLogger("test_selection.backtest")
+
+FORMAT = 1
+BACKTEST_CASES = 60  # the most recent commits replayed
+MIN_CASES = 12  # fewer: too little history to choose, the prior ranking is used
+REFIT_EVERY = 50  # commits of history an anchor serves
+MAX_CASE_FILES = 60  # a larger commit is a sweep, not a change and its tests
+TIE = 0.005  # a candidate must beat the earlier (simpler) ones by this much
+
+
+@dataclass(frozen=True)
+class Case:
+    """One past commit, replayed: what it changed and what it did to the tests."""
+
+    index: int  # in the History
+    sha: str
+    sources: frozenset[str]
+    # test file -> (its tests before the commit, positions of the edited ones in the
+    # within-file order the change's words give)
+    truth: dict[str, tuple[int, tuple[int, ...]]]
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What one candidate ranking found on the backtest."""
+
+    name: str
+    description: str
+    file_recall: float
+    test_recall: float
+
+    @property
+    def objective(self) -> float:
+        return self.file_recall + self.test_recall
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ranking": self.name,
+            "description": self.description,
+            "file_recall": round(self.file_recall, 4),
+            "edited_test_recall": round(self.test_recall, 4),
+        }
+
+
+@dataclass
+class RankingChoice:
+    """The ranking a plan uses, why, and the numbers it spends the budget with."""
+
+    chosen: str
+    description: str
+    calibration: Calibration
+    learned: Ranker | None = None  # fitted up to the anchor, when a candidate needs it
+    figures: list[Figures] = field(default_factory=list)
+    cases: int = 0
+    anchor: str = ""
+    fraction: float = 0.15
+    reason: str = ""
+    seconds: float = 0.0
+
+    def ranker(self, imports: dict[str, set[str]]) -> FileRanker:
+        counting = HistoryCounting()
+        if self.chosen == "history" or self.learned is None:
+            return counting
+        learned = LearnedRanking(self.learned, imports)
+        return learned if self.chosen == "learned" else Blend(counting, learned)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "chosen": self.chosen,
+            "description": self.description,
+            "reason": self.reason,
+            "backtest_commits": self.cases,
+            "anchor": self.anchor,
+            "budget_fraction": round(self.fraction, 4),
+            "candidates": [f.to_json() for f in self.figures],
+        }
+
+
+def _eligible(
+    history: History, last: int, universe: set[str], is_test: Callable[[str], bool]
+) -> list[int]:
+    """The newest ``BACKTEST_CASES`` commits up to index ``last`` that modified a test file of
+    the universe and changed a source file, in a commit small enough to be one change."""
+    found: list[int] = []
+    for index in range(last, -1, -1):
+        paths = history.files[index]
+        if len(paths) > MAX_CASE_FILES:
+            continue
+        modified = history.modified[index] if index < len(history.modified) else {}
+        if not any(p in universe for p in modified) or all(is_test(p) for p in paths):
+            continue
+        found.append(index)
+        if len(found) >= BACKTEST_CASES:
+            break
+    return found
+
+
+def _case_words(
+    repo: Repo, history: History, indexes: list[int], sources: set[str]
+) -> dict[str, frozenset[str]]:
+    """The words of each case's source change, from one ``git show`` over all of them."""
+    if not indexes or not sources:
+        return {}
+    shas = [history.shas[i] for i in indexes]
+    try:
+        text = repo.text(
+            "show",
+            "-U0",
+            "--no-color",
+            "--no-renames",
+            "--format=%x01%H",
+            *shas,
+            "--",
+            *sorted(sources),
+        )
+    except GitError as exc:
+        log.warning("backtest: reading the cases' diffs failed: %s", exc)
+        return {}
+    out: dict[str, frozenset[str]] = {}
+    for block in text.split("\x01"):
+        if not block.strip():
+            continue
+        sha, _, body = block.partition("\n")
+        lines = []
+        for line in body.split("\n"):
+            if line.startswith("@@"):
+                lines.append(line.split("@@")[-1])
+            elif line[:1] in "+-" and not line.startswith(("+++", "---")):
+                lines.append(line[1:])
+        out[sha.strip()] = diff_words(lines)
+    return out
+
+
+def build_cases(
+    repo: Repo,
+    history: History,
+    last: int,
+    universe: set[str],
+    is_test: Callable[[str], bool],
+) -> list[Case]:
+    """The backtest's commits, newest first, with their truth read from both versions of
+    every test file they modified."""
+    indexes = _eligible(history, last, universe, is_test)
+    sources: set[str] = set()
+    blobs: set[str] = set()
+    for index in indexes:
+        sources |= {p for p in history.files[index] if not is_test(p)}
+        for path, pair in history.modified[index].items():
+            if path in universe:
+                blobs.update(pair)
+    words = _case_words(repo, history, indexes, sources)
+    try:
+        contents = repo.read_blobs(sorted(blobs))
+    except GitError as exc:
+        log.warning("backtest: reading the cases' test files failed: %s", exc)
+        return []
+    cases = []
+    for index in indexes:
+        sha = history.shas[index]
+        change_words = words.get(sha, frozenset())
+        truth: dict[str, tuple[int, tuple[int, ...]]] = {}
+        for path, (old, new) in history.modified[index].items():
+            if path not in universe or old not in contents or new not in contents:
+                continue
+            before = split_tests(contents[old].decode("utf-8", "replace"))
+            after = split_tests(contents[new].decode("utf-8", "replace"))
+            names = list(before)
+            order, _scores = idf_order(
+                [(before[n].tokens, before[n].lines) for n in names], change_words
+            )
+            position = {names[i]: k for k, i in enumerate(order)}
+            edited = sorted(
+                position[n]
+                for n, body in before.items()
+                if n in after and after[n].digest != body.digest
+            )
+            truth[path] = (len(names), tuple(edited))
+        if truth:
+            sources_here = frozenset(p for p in history.files[index] if not is_test(p))
+            cases.append(Case(index, sha, sources_here, truth))
+    return cases
+
+
+def shared_calibration(cases: Sequence[Case]) -> Calibration:
+    """What does not depend on the ranking: edited tests per touched file by its size, and
+    where in a file's word order the edited tests were."""
+    calibration = Calibration()
+    fractions: list[float] = []
+    for case in cases:
+        for tests, edited in case.truth.values():
+            if not tests:
+                continue
+            entry = calibration.edited.setdefault(size_bucket(tests), [0.0, 0.0])
+            entry[0] += len(edited)
+            entry[1] += 1
+            fractions += [(p + 0.5) / tests for p in edited]
+    calibration.add_coverage(fractions)
+    calibration.cases = len(cases)
+    return calibration
+
+
+def buckets(scores: FileScores, files: Sequence[str]) -> dict[str, int]:
+    """Each file's rank bucket; files the ranking gives nothing share the no-evidence one."""
+    order = sorted(files, key=lambda f: (-scores.scores.get(f, 0.0), f))
+    return {
+        f: rank_bucket(r) if scores.scores.get(f, 0.0) > 0 else NO_EVIDENCE
+        for r, f in enumerate(order)
+    }
+
+
+def allocate_counts(
+    file_buckets: Mapping[str, int],
+    sizes: Mapping[str, int],
+    calibration: Calibration,
+    budget: float,
+    file_weight: float = FILE_WEIGHT,
+) -> dict[str, int]:
+    """How many of each file's tests (in its own order) the budget takes: the plan's rule
+    (``allocation.py``), answered in counts for the backtest."""
+    import numpy as np
+
+    per_file: list[tuple[str, Any]] = []
+    for f, bucket in file_buckets.items():
+        n = sizes.get(f, 0)
+        if n <= 0:
+            continue
+        p = calibration.p_file(bucket)
+        per_file.append(
+            (f, file_values(p, calibration.expected_edited(n), n, calibration, file_weight))
+        )
+    if not per_file:
+        return {}
+    values = np.concatenate([v for _, v in per_file])
+    take = round(budget)
+    if take <= 0:
+        return {}
+    if take >= len(values):
+        return {f: len(v) for f, v in per_file}
+    threshold = np.partition(values, len(values) - take)[len(values) - take]
+    counts: dict[str, int] = {}
+    tied: list[tuple[str, int]] = []
+    for f, v in per_file:
+        # values fall along a file: those above the threshold are a prefix, then the ties
+        above = int(np.searchsorted(-v, -threshold, side="left"))
+        at = int(np.searchsorted(-v, -threshold, side="right")) - above
+        if above:
+            counts[f] = above
+        if at:
+            tied.append((f, at))
+    left = take - sum(counts.values())
+    for f, at in sorted(tied):  # the plan breaks ties by path, so does the replay
+        if left <= 0:
+            break
+        counts[f] = counts.get(f, 0) + min(at, left)
+        left -= at
+    return counts
+
+
+def _evaluate(
+    ranked: list[dict[str, int]],
+    cases: Sequence[Case],
+    sizes: Mapping[str, int],
+    shared: Calibration,
+    fraction: float,
+    file_weight: float,
+) -> tuple[float, float, Calibration]:
+    """File and edited-test recall of one ranking over the cases, each case planned with
+    the rank chances measured on the *other* cases (no case grades itself)."""
+    hits: dict[int, float] = defaultdict(float)
+    seen: dict[int, float] = defaultdict(float)
+    own: list[tuple[dict[int, float], dict[int, float]]] = []
+    for case, file_buckets in zip(cases, ranked, strict=True):
+        h: dict[int, float] = defaultdict(float)
+        s: dict[int, float] = defaultdict(float)
+        for f, b in file_buckets.items():
+            s[b] += 1
+            if f in case.truth:
+                h[b] += 1
+        own.append((h, s))
+        for b, v in h.items():
+            hits[b] += v
+        for b, v in s.items():
+            seen[b] += v
+    found_files = truth_files = found_tests = truth_tests = 0
+    for case, file_buckets, (h, s) in zip(cases, ranked, own, strict=True):
+        loo = Calibration(
+            {b: hits[b] - h.get(b, 0.0) for b in hits},
+            {b: seen[b] - s.get(b, 0.0) for b in seen},
+            shared.edited,
+            shared.coverage,
+        )
+        case_sizes = dict(sizes)
+        case_sizes.update({f: n for f, (n, _e) in case.truth.items()})
+        total = sum(case_sizes.get(f, 0) for f in file_buckets)
+        counts = allocate_counts(file_buckets, case_sizes, loo, fraction * total, file_weight)
+        for f, (_n, edited) in case.truth.items():
+            if f not in file_buckets:
+                continue
+            k = counts.get(f, 0)
+            truth_files += 1
+            found_files += k > 0
+            truth_tests += len(edited)
+            found_tests += sum(1 for p in edited if p < k)
+    full = Calibration(dict(hits), dict(seen), shared.edited, shared.coverage, cases=len(cases))
+    return (
+        found_files / truth_files if truth_files else 0.0,
+        found_tests / truth_tests if truth_tests else 0.0,
+        full,
+    )
+
+
+def choose(
+    repo: Repo,
+    history: History,
+    anchor: int,
+    sizes: Mapping[str, int],
+    imports: dict[str, set[str]],
+    is_test: Callable[[str], bool],
+    fraction: float,
+    file_weight: float = FILE_WEIGHT,
+    only: str | None = None,
+) -> RankingChoice:
+    """Replay the candidates on the commits up to ``anchor`` and return the winner (or the
+    one named by ``only``), with its measured calibration."""
+    started = time.perf_counter()
+    files = sorted(sizes)
+    universe = set(files)
+    cases = build_cases(repo, history, anchor, universe, is_test)
+    anchor_sha = history.shas[anchor] if 0 <= anchor < len(history.shas) else ""
+    counting = HistoryCounting()
+    if len(cases) < MIN_CASES:
+        return RankingChoice(
+            counting.name,
+            counting.description,
+            Calibration.prior(),
+            cases=len(cases),
+            anchor=anchor_sha,
+            fraction=fraction,
+            reason=(
+                f"too little history to choose a ranking: {len(cases)} commit(s) in the last "
+                f"{anchor + 1} changed source and existing tests together ({MIN_CASES} needed); "
+                f"{counting.description} ranks with prior numbers"
+            ),
+            seconds=time.perf_counter() - started,
+        )
+    shared = shared_calibration(cases)
+    candidates: list[FileRanker] = [counting]
+    start = min(c.index for c in cases)
+    rows: dict[int, list[list[float]]] = {}  # shared by both fits
+    backtest_fit, why = fit(history, files, imports, is_test, until=start, rows_cache=rows)
+    notes = []
+    if backtest_fit is None and only in ("learned", "blend"):
+        # asked for by name: learn from the replayed commits too (its figures flatter it)
+        backtest_fit, why = fit(history, files, imports, is_test, until=anchor + 1, rows_cache=rows)
+        if backtest_fit is not None:
+            notes.append("the learned model was fitted on the replayed commits themselves")
+    if backtest_fit is not None:
+        learned = LearnedRanking(backtest_fit, imports)
+        candidates += [learned, Blend(counting, learned)]
+    else:
+        notes.append(f"the learned model could not be fitted before the backtest ({why})")
+    if only is not None:
+        candidates = [c for c in candidates if c.name == only] or [counting]
+    figures: list[Figures] = []
+    calibrations: dict[str, Calibration] = {}
+    for candidate in candidates:
+        ranked = [
+            buckets(candidate.rank(history, case.index, set(case.sources), files), files)
+            for case in cases
+        ]
+        file_recall, test_recall, calibration = _evaluate(
+            ranked, cases, sizes, shared, fraction, file_weight
+        )
+        figures.append(Figures(candidate.name, candidate.description, file_recall, test_recall))
+        calibrations[candidate.name] = calibration
+    best = figures[0]
+    for fig in figures[1:]:
+        if fig.objective > best.objective + TIE:
+            best = fig
+    live = None
+    if best.name != counting.name:
+        live, _why = fit(history, files, imports, is_test, until=anchor + 1, rows_cache=rows)
+        if live is None:  # cannot happen when the earlier fit worked; stay safe
+            best = figures[0]
+    reason = (
+        f"chosen by backtest on {len(cases)} past commit(s) up to {anchor_sha[:12]} at "
+        f"{fraction:.0%} of the tests: "
+        + "; ".join(
+            f"{f.description} found {f.file_recall:.0%} of edited test files, "
+            f"{f.test_recall:.0%} of edited tests"
+            for f in figures
+        )
+    )
+    return RankingChoice(
+        best.name,
+        best.description,
+        calibrations[best.name],
+        live,
+        figures,
+        len(cases),
+        anchor_sha,
+        fraction,
+        "; ".join([reason, *notes]),
+        time.perf_counter() - started,
+    )
+
+
+def anchor_index(repo: Repo, history: History, base: str) -> int:
+    """The index in ``history`` of the base's anchor (see the module docstring)."""
+    if not history.shas:
+        return -1
+    if history.truncated:
+        try:
+            total = int(
+                repo.text("rev-list", "--count", "--no-merges", "--end-of-options", base).strip()
+            )
+        except (GitError, ValueError):
+            total = len(history.shas)
+    else:
+        total = len(history.shas)
+    return len(history.shas) - 1 - (total - 1) % REFIT_EVERY
+
+
+class ChoiceCache:
+    """Backtest results on disk, per repository, anchor, budget and setting."""
+
+    def __init__(self, root: Path, key: str) -> None:
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        self.folder = root / f"backtest-v{FORMAT}" / digest
+
+    def _path(self, anchor: str, fraction: float, file_weight: float) -> Path:
+        return self.folder / f"{anchor}-{fraction:.4f}-{file_weight:.3f}.pickle"
+
+    def load(
+        self, anchor: str, fraction: float, file_weight: float
+    ) -> tuple[RankingChoice | None, str | None]:
+        """The stored choice, or None; and a warning when a stored one was unreadable."""
+        path = self._path(anchor, fraction, file_weight)
+        if not path.is_file():
+            return None, None
+        try:
+            with path.open("rb") as handle:
+                choice = pickle.load(handle)  # our own file, written below
+        except (
+            OSError,
+            pickle.UnpicklingError,
+            EOFError,
+            AttributeError,
+            ValueError,
+            TypeError,
+            ImportError,
+        ):
+            choice = None
+        if isinstance(choice, RankingChoice):
+            return choice, None
+        path.unlink(missing_ok=True)
+        return None, f"the cached backtest {path.name} was unreadable: rebuilt"
+
+    def store(self, choice: RankingChoice, file_weight: float) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self._path(choice.anchor, choice.fraction, file_weight)
+        tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
+        with tmp.open("wb") as handle:
+            pickle.dump(choice, handle)
+        tmp.replace(path)

@@ -1,0 +1,88 @@
+"""A repository's recent history, read once per selection: what every commit changed.
+
+Rankers count co-changes in it, the learned model computes its features from it, and the
+backtest replays its commits. One ``git log --raw`` call gives the paths of every commit
+and the blob ids on both sides of each change, so the backtest can read both versions of a
+test file without a second walk over the history.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from test_selection.git import GitError, Repo
+
+HISTORY_COMMITS = 3000  # commits read before the change: bounded whatever the history's size
+_NULL = "0" * 40
+
+
+@dataclass(frozen=True)
+class History:
+    """Non-merge commits up to a revision, oldest first, and where each path appears
+    (postings), so features for any set of sources are cheap."""
+
+    shas: tuple[str, ...]
+    files: tuple[tuple[str, ...], ...]
+    postings: dict[str, list[int]]
+    # folder -> path in it -> commit indexes (for folder-level co-change)
+    folder_postings: dict[str, dict[str, list[int]]]
+    # per commit: path -> (blob before, blob after) for files it modified (not added/deleted)
+    modified: tuple[dict[str, tuple[str, str]], ...] = ()
+    truncated: bool = False  # the repository has more commits than were read
+
+    @classmethod
+    def read(cls, repo: Repo, rev: str, limit: int = HISTORY_COMMITS) -> History:
+        try:
+            text = repo.text(
+                "log",
+                "--no-merges",
+                "--raw",
+                "--no-abbrev",
+                "--no-renames",
+                "--format=%x01%H",
+                f"-n{limit + 1}",
+                "--end-of-options",
+                rev,
+                "--",
+            )
+        except GitError:
+            text = ""
+        blocks = [b for b in text.split("\x01") if b.strip()]
+        truncated = len(blocks) > limit
+        shas: list[str] = []
+        files: list[tuple[str, ...]] = []
+        modified: list[dict[str, tuple[str, str]]] = []
+        for block in reversed(blocks[:limit]):
+            lines = block.split("\n")
+            paths: list[str] = []
+            blobs: dict[str, tuple[str, str]] = {}
+            for line in lines[1:]:
+                if not line.startswith(":"):
+                    continue
+                meta, _, path = line.partition("\t")
+                parts = meta.split()
+                if len(parts) < 5 or not path:
+                    continue
+                paths.append(path)
+                if parts[4] == "M" and parts[2] != _NULL and parts[3] != _NULL:
+                    blobs[path] = (parts[2], parts[3])
+            shas.append(lines[0].strip())
+            files.append(tuple(paths))
+            modified.append(blobs)
+        postings: dict[str, list[int]] = defaultdict(list)
+        for index, changed in enumerate(files):
+            for path in changed:
+                postings[path].append(index)
+        folder_postings: dict[str, dict[str, list[int]]] = defaultdict(dict)
+        for path, indexes in postings.items():
+            if "/" in path:
+                folder_postings[path.rsplit("/", 1)[0]][path] = indexes
+        return cls(
+            tuple(shas),
+            tuple(files),
+            dict(postings),
+            dict(folder_postings),
+            tuple(modified),
+            truncated,
+        )

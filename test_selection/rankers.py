@@ -1,0 +1,168 @@
+"""Candidate rankings of test files for a change, each from the history before it.
+
+No ranking wins on every repository: plain history counting is hard to beat where test files
+are many and small and change with their sources, a learned model wins where names and
+imports say more than co-change does. The backtest (``backtest.py``) replays each
+candidate on the repository's own recent commits and the selector uses the winner, so each
+candidate here only has to be good somewhere. Every ranker sees history strictly before
+index ``at`` (a time split: nothing from the change itself or after it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from test_selection.history import History
+from test_selection.learned import FEATURES, Ranker, _words, features
+
+COUNTING_WINDOW = 1500  # commits of history the counting ranker looks back over
+MAX_COMMIT_FILES = 60  # larger commits (formatting sweeps, moves) say nothing about pairs
+PATH_WORD_WEIGHT = 0.25  # a shared path word counts this much next to one co-change
+
+
+@dataclass(frozen=True)
+class FileScores:
+    """A ranking's score per test file, and (when asked) why."""
+
+    scores: dict[str, float]
+    reasons: dict[str, str]
+
+
+class FileRanker(Protocol):
+    name: str
+    description: str
+
+    def rank(
+        self,
+        history: History,
+        at: int,
+        sources: set[str],
+        test_files: Sequence[str],
+        explain: bool = False,
+    ) -> FileScores: ...
+
+
+class HistoryCounting:
+    """Co-change counts with the changed files plus shared path words: each past commit
+    that changed a source adds (sources it changed / files it changed) to every test file it
+    changed too."""
+
+    name = "history"
+    description = "history counting + path words"
+
+    def rank(
+        self,
+        history: History,
+        at: int,
+        sources: set[str],
+        test_files: Sequence[str],
+        explain: bool = False,
+    ) -> FileScores:
+        present = set(test_files)
+        start = max(0, at - COUNTING_WINDOW)
+        touched_by: dict[int, int] = defaultdict(int)
+        for source in sources:
+            for index in history.postings.get(source, ()):
+                if start <= index < at:
+                    touched_by[index] += 1
+        together: dict[str, float] = defaultdict(float)
+        commits: dict[str, int] = defaultdict(int)
+        for index, touched in touched_by.items():
+            paths = history.files[index]
+            if len(paths) > MAX_COMMIT_FILES:
+                continue
+            share = touched / len(paths)
+            for path in paths:
+                if path in present:
+                    together[path] += share
+                    commits[path] += 1
+        words = set().union(*(_words(s) for s in sources)) if sources else set()
+        scores: dict[str, float] = {}
+        reasons: dict[str, str] = {}
+        for test in test_files:
+            shared = words & _words(test) if words else set()
+            score = together.get(test, 0.0) + PATH_WORD_WEIGHT * len(shared)
+            scores[test] = score
+            if explain and score > 0:
+                parts = []
+                if commits.get(test):
+                    parts.append(f"changed with these sources in {commits[test]} past commit(s)")
+                if shared:
+                    parts.append(f"path words {', '.join(sorted(shared)[:3])}")
+                reasons[test] = "; ".join(parts)
+        return FileScores(scores, reasons)
+
+
+class LearnedRanking:
+    """The logistic model of ``learned.py``, fitted on commits before the ones it ranks for."""
+
+    name = "learned"
+    description = "learned model"
+
+    def __init__(self, ranker: Ranker, imports: dict[str, set[str]]) -> None:
+        self.ranker = ranker
+        self.imports = imports
+
+    def rank(
+        self,
+        history: History,
+        at: int,
+        sources: set[str],
+        test_files: Sequence[str],
+        explain: bool = False,
+    ) -> FileScores:
+        rows = features(history, at, sources, test_files, self.imports)
+        probabilities = self.ranker.scores(rows)
+        scores = dict(zip(test_files, probabilities, strict=True))
+        reasons: dict[str, str] = {}
+        if explain:
+            for test, row, probability in zip(test_files, rows, probabilities, strict=True):
+                parts = sorted(
+                    zip(self.ranker.contributions(row), FEATURES, strict=True), key=lambda x: -x[0]
+                )
+                top = ", ".join(f"{name} {value:+.2f}" for value, name in parts[:3] if value > 0)
+                reasons[test] = f"learned score {probability:.2f}" + (f" ({top})" if top else "")
+        return FileScores(scores, reasons)
+
+
+def rank_positions(scores: dict[str, float], test_files: Sequence[str]) -> dict[str, int]:
+    """0-based rank of each file, best first; ties broken by path so rankings are stable."""
+    order = sorted(test_files, key=lambda f: (-scores.get(f, 0.0), f))
+    return {f: r for r, f in enumerate(order)}
+
+
+class Blend:
+    """Both rankings at once: files ordered by the mean log of their two ranks, so a file
+    either ranking puts near the top stays near it."""
+
+    name = "blend"
+    description = "history counting and learned model, blended"
+
+    def __init__(self, first: FileRanker, second: FileRanker) -> None:
+        self.parts = (first, second)
+
+    def rank(
+        self,
+        history: History,
+        at: int,
+        sources: set[str],
+        test_files: Sequence[str],
+        explain: bool = False,
+    ) -> FileScores:
+        ranked = [p.rank(history, at, sources, test_files, explain) for p in self.parts]
+        positions = [rank_positions(r.scores, test_files) for r in ranked]
+        # positive (a file no ranking has evidence for still has a place in the order)
+        scores = {f: math.exp(-0.5 * sum(math.log1p(p[f]) for p in positions)) for f in test_files}
+        reasons: dict[str, str] = {}
+        if explain:
+            for f in test_files:
+                reasons[f] = "; ".join(
+                    f"{part.description} #{pos[f] + 1}"
+                    + (f" ({r.reasons[f]})" if r.reasons.get(f) else "")
+                    for part, pos, r in zip(self.parts, positions, ranked, strict=True)
+                )
+        return FileScores(scores, reasons)

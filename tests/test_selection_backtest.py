@@ -1,0 +1,220 @@
+"""The ranking is chosen by replaying the repository's own history: generated histories
+where each candidate is the right one, and the inputs that must not break the choice."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from test_selection import backtest
+from test_selection.allocation import Calibration
+from test_selection.backtest import MIN_CASES, ChoiceCache, build_cases
+from test_selection.git import Repo
+from test_selection.history import History
+from test_selection.inventory import is_test_path
+from test_selection.selector import SelectorConfig, select
+from test_selection.test_bodies import edited_tests, split_tests
+from test_selection.types import Budget
+from tests.gitrepo import GitRepo
+
+PAIRS = 150  # modules, each with the test that imports it and a decoy named after it
+TRAINING = 50  # first-time pairs before the regime the backtest replays
+
+
+def _module(k: int) -> str:
+    return f"pkg/mod{k:03d}.py"
+
+
+def _checker(k: int) -> str:
+    """The test that imports module k (its name shares nothing with the module's)."""
+    return f"tests/test_check_{k:03d}.py"
+
+
+def _decoy(k: int) -> str:
+    """A test named after module k that never imports it nor changes with it."""
+    return f"tests/test_mod{k:03d}.py"
+
+
+def _test_file(name: str, imports: str, n: int) -> str:
+    return f"{imports}\n\ndef test_{name}():\n    assert {n} == {n}\n\n\ndef test_{name}_more():\n    assert True\n"
+
+
+def _generate(tmp_path: Path, regime: str) -> tuple[GitRepo, int]:
+    """A history whose first TRAINING commits pair a module with the test importing it;
+    then either more first-time pairs ("imports": only a learned model that took in the
+    import relation finds them) or a few modules changing again and again with a test that
+    does not import them ("repeats": co-change counts find them, the imports mislead).
+    Returns the repository and the module the last commit changes."""
+    repo = GitRepo(tmp_path / regime)
+    files: dict[str, str | bytes | None] = {"pkg/__init__.py": ""}
+    for k in range(PAIRS):
+        files[_module(k)] = f"def run():\n    return {k}\n"
+        files[_checker(k)] = _test_file(f"check_{k:03d}", f"from pkg.mod{k:03d} import run", 0)
+        files[_decoy(k)] = _test_file(f"mod{k:03d}", "import os", 0)
+    repo.commit("base", files, dedent=False)
+    for n in range(1, TRAINING + 1):
+        repo.commit(
+            f"pair {n}",
+            {
+                _module(n): f"def run():\n    return {n} + 1\n",
+                _checker(n): _test_file(f"check_{n:03d}", f"from pkg.mod{n:03d} import run", n),
+            },
+            dedent=False,
+        )
+    last = 0
+    for n in range(TRAINING + 1, TRAINING + 71):
+        if regime == "imports":
+            k, partner = n, _checker(n)
+        else:  # ten modules, each always with the decoy of the next one
+            k = 100 + n % 10
+            partner = _decoy(100 + (n + 1) % 10)
+        name = partner.rsplit("/", 1)[-1].removeprefix("test_").removesuffix(".py")
+        imports = f"from pkg.mod{k:03d} import run" if partner == _checker(k) else "import os"
+        repo.commit(
+            f"change {k}",
+            {
+                _module(k): f"def run():\n    return {n} * 2\n",
+                partner: _test_file(name, imports, n),
+            },
+            dedent=False,
+        )
+        last = k
+    return repo, last
+
+
+def _select_hiding_tests(repo: GitRepo, config: SelectorConfig):  # type: ignore[no-untyped-def]
+    """Select for the newest commit with its test edits hidden (as the yardstick does)."""
+    parent = repo.git("rev-parse", "HEAD^")
+    hidden = {p for p in repo.git("diff", "--name-only", parent, "HEAD").split() if "tests/" in p}
+    plan, _ = select(repo.path, parent, "HEAD", None, config, exclude_paths=hidden)
+    return plan, hidden
+
+
+@pytest.mark.parametrize(("regime", "winner"), [("imports", "learned"), ("repeats", "history")])
+def test_select_uses_the_ranking_that_wins_on_the_repositorys_own_history(
+    tmp_path: Path, regime: str, winner: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the anchor is the base itself, so the backtest replays exactly the newest 60 commits
+    monkeypatch.setattr(backtest, "REFIT_EVERY", 1)
+    repo, _module_changed = _generate(tmp_path, regime)
+    config = SelectorConfig(budget=Budget.parse("2%"), cache_dir=tmp_path / "cache")
+    plan, hidden = _select_hiding_tests(repo, config)
+    ranking = plan.ranking
+    assert ranking["chosen"] == winner, ranking
+    figures = {c["ranking"]: c for c in ranking["candidates"]}
+    assert set(figures) == {"history", "learned", "blend"}
+    best = figures[winner]["file_recall"] + figures[winner]["edited_test_recall"]
+    assert all(
+        best >= c["file_recall"] + c["edited_test_recall"] for c in figures.values()
+    ), figures
+    assert ranking["backtest_commits"] >= MIN_CASES
+    assert any(n.startswith("ranking: ") and "chosen by backtest" in n for n in plan.notes)
+    # the winner finds the hidden test file within a 2 % budget
+    assert hidden <= {p.test.file for p in plan.selected}, (hidden, plan.notes)
+    top = max(plan.selected, key=lambda p: p.score)
+    assert top.test.file in hidden
+    assert any(e.source == "ranking" for e in top.evidence)
+    # the JSON says the same
+    assert plan.to_json()["ranking"]["chosen"] == winner
+
+
+def test_a_named_ranking_is_used_and_too_little_history_keeps_the_hand_weights(
+    tmp_path: Path,
+) -> None:
+    repo = GitRepo(tmp_path / "small")
+    repo.commit("base", {"pkg/a.py": "x = 1\n", "tests/test_a.py": "def test_a():\n    pass\n"})
+    for n in range(3):
+        repo.commit(
+            f"c{n}", {"pkg/a.py": f"x = {n}\n", "tests/test_a.py": f"def test_a():\n    x = {n}\n"}
+        )
+    plan, _ = _select_hiding_tests(repo, SelectorConfig(cache_dir=tmp_path / "cache"))
+    notes = " ".join(plan.notes)
+    assert f"({MIN_CASES} needed)" in notes and "the hand weights rank the tests" in notes
+    assert plan.ranking == {}
+    assert any(e.source == "co-change" for p in plan.selected for e in p.evidence)
+
+
+def test_a_shallow_clone_says_how_deep_and_uses_the_prior(tmp_path: Path) -> None:
+    repo, _ = _generate(tmp_path, "repeats")
+    shallow = tmp_path / "shallow"
+    subprocess.run(
+        ["git", "clone", "-q", "--depth", "5", f"file://{repo.path}", str(shallow)], check=True
+    )
+    plan, _ = _select_hiding_tests(GitRepo(shallow), SelectorConfig(cache_dir=tmp_path / "c"))
+    notes = " ".join(plan.notes)
+    assert "the clone is shallow: 4 commit(s) of history before the change" in notes, notes
+    assert "the hand weights rank the tests" in notes
+    assert plan.selected  # never a silent empty plan
+
+
+def test_a_corrupt_backtest_cache_is_rebuilt_with_a_warning(tmp_path: Path) -> None:
+    repo, _ = _generate(tmp_path, "repeats")
+    config = SelectorConfig(budget=Budget.parse("2%"), cache_dir=tmp_path / "cache")
+    first, _ = _select_hiding_tests(repo, config)
+    stored = list((tmp_path / "cache").glob("backtest-v*/*/*.pickle"))
+    assert len(stored) == 1
+    stored[0].write_bytes(b"not a pickle")
+    again, _ = _select_hiding_tests(repo, config)
+    assert any("unreadable: rebuilt" in n for n in again.notes), again.notes
+    assert again.ranking == first.ranking
+    assert [p.test for p in again.selected] == [p.test for p in first.selected]
+    # and the rebuilt entry is read back without a warning
+    third, _ = _select_hiding_tests(repo, config)
+    assert not any("unreadable" in n for n in third.notes)
+    assert third.timings["backtest"] < first.timings["backtest"] or third.ranking == first.ranking
+
+
+def test_the_backtest_truth_is_the_tests_each_commit_edited(tmp_path: Path) -> None:
+    repo, _ = _generate(tmp_path, "imports")
+    history = History.read(Repo(repo.path), "HEAD")
+    universe = {f"tests/test_check_{k:03d}.py" for k in range(PAIRS)}
+    cases = build_cases(
+        Repo(repo.path), history, len(history.shas) - 1, universe, lambda p: p.startswith("tests/")
+    )
+    assert len(cases) == 60  # the newest sixty, newest first
+    newest = cases[0]
+    assert newest.sources == {_module(TRAINING + 70)}
+    assert newest.truth == {_checker(TRAINING + 70): (2, (0,))}  # test_check_x, not _more
+
+
+def test_test_bodies_match_what_changed() -> None:
+    before = (
+        "import pytest\n\n"
+        "class TestA:\n"
+        "    @pytest.mark.parametrize(\n        'a', [1, 2]\n    )\n"
+        "    def test_x(self, a):\n        assert a\n\n"
+        "    def helper(self):\n        def test_nested():\n            pass\n\n"
+        "def test_sig(\n    a=1,\n):\n    return a\n"
+    )
+    tests = split_tests(before)
+    assert set(tests) == {"TestA::test_x", "test_sig"}  # a def inside a function is no test
+    assert edited_tests(before, before.replace("[1, 2]", "[1, 3]")) == {"TestA::test_x"}
+    assert edited_tests(before, before.replace("return a", "return a + 1")) == {"test_sig"}
+    assert edited_tests(before, before + "\n\ndef test_new():\n    pass\n") == set()
+
+
+def test_default_layout_is_pytests_own_and_skips_hidden_and_build_folders() -> None:
+    assert is_test_path("networkx/algorithms/tests/test_cycles.py")
+    assert is_test_path("pkg/ops_test.py")
+    assert not is_test_path(".github/scripts/test_ci.py")
+    assert not is_test_path("build/lib/pkg/tests/test_x.py")
+
+
+def test_the_prior_calibration_trusts_better_ranks_more() -> None:
+    prior = Calibration.prior()
+    chances = [prior.p_file(b) for b in range(10)]
+    assert chances == sorted(chances, reverse=True) and chances[0] > chances[-1]
+    shares = prior.shares(10)
+    assert abs(sum(shares) - 1.0) < 1e-9 and list(shares) == sorted(shares, reverse=True)
+
+
+def test_choice_cache_refuses_other_pickles(tmp_path: Path) -> None:
+    cache = ChoiceCache(tmp_path, "key")
+    cache.folder.mkdir(parents=True)
+    import pickle
+
+    (cache.folder / f"{'a' * 40}-0.1500-0.100.pickle").write_bytes(pickle.dumps({"x": 1}))
+    choice, warning = cache.load("a" * 40, 0.15, 0.1)
+    assert choice is None and warning and "rebuilt" in warning
