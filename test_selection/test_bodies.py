@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 MAX_TOKEN_CHARS = 4000  # what the inventory keeps of a test's source: features read the same
+AGENT_CHARS = 1500  # what the local agent embeds of a test
 _BLOCK = re.compile(r"^([ \t]*)(?:async[ \t]+)?(def|class)[ \t]+(\w+)", re.M)
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
 _END_CACHE: dict[int, re.Pattern[str]] = {}
@@ -64,6 +65,7 @@ class TestBody:
     digest: str  # of its decorators and body: a change to either is an edit
     lines: int
     tokens: frozenset[str]
+    head: str  # its first characters, what an agent reads of it
 
 
 _HEADER_CHARS = re.compile(r"[()\[\]{}:]")
@@ -134,6 +136,7 @@ def split_tests(text: str) -> dict[str, TestBody]:
             hashlib.blake2b(body.encode("utf-8", "replace"), digest_size=12).hexdigest(),
             len(lines),
             tokens(body),
+            body[:AGENT_CHARS],
         )
     return out
 

@@ -106,9 +106,9 @@ def test_select_uses_the_ranking_that_wins_on_the_repositorys_own_history(
     figures = {c["ranking"]: c for c in ranking["candidates"]}
     assert set(figures) == {"history", "learned", "blend"}
     best = figures[winner]["file_recall"] + figures[winner]["edited_test_recall"]
-    assert all(
-        best >= c["file_recall"] + c["edited_test_recall"] for c in figures.values()
-    ), figures
+    assert all(best >= c["file_recall"] + c["edited_test_recall"] for c in figures.values()), (
+        figures
+    )
     assert ranking["backtest_commits"] >= MIN_CASES
     assert any(n.startswith("ranking: ") and "chosen by backtest" in n for n in plan.notes)
     # the winner finds the hidden test file within a 2 % budget
@@ -218,3 +218,125 @@ def test_choice_cache_refuses_other_pickles(tmp_path: Path) -> None:
     (cache.folder / f"{'a' * 40}-0.1500-0.100.pickle").write_bytes(pickle.dumps({"x": 1}))
     choice, warning = cache.load("a" * 40, 0.15, 0.1)
     assert choice is None and warning and "rebuilt" in warning
+
+
+def _fast_import(repo: GitRepo, commits: list[dict[str, str]]) -> None:
+    """Write many commits at once (``git fast-import``), each a {path: content} change."""
+    stream = []
+    for n, files in enumerate(commits):
+        stream.append("commit refs/heads/main")
+        stream.append(f"committer T <t@example.invalid> {1_700_000_000 + n} +0000")
+        message = f"c{n}"
+        stream.append(f"data {len(message)}\n{message}")
+        for path, content in files.items():
+            data = content.encode()
+            stream.append(f"M 100644 inline {path}\ndata {len(data)}")
+            stream.append(content)
+        stream.append("")
+    subprocess.run(
+        ["git", "fast-import", "--quiet"],
+        cwd=repo.path,
+        input="\n".join(stream).encode(),
+        check=True,
+    )
+
+
+def test_a_change_of_ten_thousand_files_is_paths_only_with_a_note(tmp_path: Path) -> None:
+    repo = GitRepo(tmp_path / "sweep")
+    base = {f"pkg/m{k:05d}.py": f"def f{k}():\n    return {k}\n" for k in range(10_000)}
+    base |= {f"tests/test_t{k}.py": f"def test_t{k}():\n    assert {k}\n" for k in range(20)}
+    history = [base]
+    for n in range(1, 40):  # a history the backtest can replay
+        history.append(
+            {
+                f"pkg/m{n:05d}.py": f"def f{n}():\n    return -{n}\n",
+                f"tests/test_t{n % 20}.py": f"def test_t{n % 20}():\n    assert -{n}\n",
+            }
+        )
+    history.append(
+        {
+            path: text.replace("return", "return 1 +")
+            for path, text in base.items()
+            if path.startswith("pkg/")
+        }
+    )
+    _fast_import(repo, history)
+    plan, change = select(
+        repo.path,
+        "main^",
+        "main",
+        None,
+        SelectorConfig(budget=Budget.parse("10%"), cache_dir=tmp_path / "cache"),
+    )
+    assert len(change.files) == 10_000 and change.truncated
+    notes = " ".join(plan.notes)
+    assert "more than 5000, so symbols were not compared" in notes
+    assert 1 <= len(plan.selected) <= 4  # within the budget, never empty
+
+
+LETTERS = "abcdefghij"
+
+
+def _ten_test_file(edited: set[str], n: int) -> str:
+    return "".join(
+        f"def test_{x}():\n    assert {n if x in edited else 0} >= 0\n\n\n" for x in LETTERS
+    )
+
+
+def _agent_history(tmp_path: Path) -> GitRepo:
+    """Commits that edit two of a file's ten tests; the change's words never name them, but
+    a comment in the change says which (what only a reader of the change can use)."""
+    repo = GitRepo(tmp_path / "agent")
+    repo.commit(
+        "base",
+        {"pkg/m.py": "def f():\n    return 0\n", "tests/test_m.py": _ten_test_file(set(), 0)},
+    )
+    for n in range(1, 30):
+        pair = {LETTERS[(3 * n) % 10], LETTERS[(3 * n + 5) % 10]}
+        note = " ".join(f"touches {x}" for x in sorted(pair))
+        repo.commit(
+            f"c{n}",
+            {
+                "pkg/m.py": f"def f():\n    # {note}\n    return {n}\n",
+                "tests/test_m.py": _ten_test_file(pair, n),
+            },
+            dedent=False,
+        )
+    return repo
+
+
+def _oracle(hunks: list[str], texts: list[str]) -> list[float]:
+    """Reads "touches x" in the change and points at test_x."""
+    named = {part[:1] for hunk in hunks for part in hunk.split("touches ")[1:]}
+    return [1.0 if any(f"def test_{x}(" in t for x in named) else 0.0 for t in texts]
+
+
+@pytest.mark.parametrize(
+    ("similarity", "runs"), [(_oracle, True), (lambda h, t: [0.5] * len(t), False)]
+)
+def test_an_agent_runs_only_where_the_backtest_shows_it_places_edited_tests_earlier(
+    tmp_path: Path,
+    similarity,
+    runs: bool,  # type: ignore[no-untyped-def]
+) -> None:
+    repo = _agent_history(tmp_path)
+    history = History.read(Repo(repo.path), "HEAD")
+    choice = backtest.choose(
+        Repo(repo.path),
+        history,
+        len(history.shas) - 1,
+        {"tests/test_m.py": 10},
+        {},
+        lambda p: p.startswith("tests/"),
+        0.3,
+        agent=("reader", similarity),
+    )
+    verdict = choice.agent
+    assert verdict is not None and verdict.measured >= backtest.MIN_AGENT_TESTS
+    assert verdict.runs is runs, verdict
+    if runs:
+        assert verdict.with_agent < verdict.words - backtest.AGENT_MARGIN
+        assert verdict.note().startswith("the reader agent orders tests within files")
+    else:
+        assert verdict.note().startswith("the reader agent was skipped: on 8 past commit(s)")
+    assert choice.to_json()["agent"] == verdict.note()
