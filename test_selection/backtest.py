@@ -601,8 +601,12 @@ def anchor_index(repo: Repo, history: History, base: str) -> int:
     return len(history.shas) - 1 - (total - 1) % REFIT_EVERY
 
 
+AGENT_REMEASURE = 250  # commits of history an agent's verdict serves
+
+
 class ChoiceCache:
-    """Backtest results on disk, per repository, anchor, budget and setting."""
+    """Backtest results on disk, per repository, anchor, budget and setting; and the agent's
+    verdict, per repository (it is the slow part, and changes slowly)."""
 
     def __init__(self, root: Path, key: str) -> None:
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -611,16 +615,14 @@ class ChoiceCache:
     def _path(self, anchor: str, fraction: float, file_weight: float) -> Path:
         return self.folder / f"{anchor}-{fraction:.4f}-{file_weight:.3f}.pickle"
 
-    def load(
-        self, anchor: str, fraction: float, file_weight: float
-    ) -> tuple[RankingChoice | None, str | None]:
-        """The stored choice, or None; and a warning when a stored one was unreadable."""
-        path = self._path(anchor, fraction, file_weight)
+    def _read(self, path: Path, kind: type) -> tuple[Any, str | None]:
+        """The object stored at ``path`` if it is a ``kind``; else None, and a warning when
+        something unreadable was there (it is removed, to be rebuilt)."""
         if not path.is_file():
             return None, None
         try:
             with path.open("rb") as handle:
-                choice = pickle.load(handle)  # our own file, written below
+                found = pickle.load(handle)  # our own file, written by _write
         except (
             OSError,
             pickle.UnpicklingError,
@@ -630,16 +632,42 @@ class ChoiceCache:
             TypeError,
             ImportError,
         ):
-            choice = None
-        if isinstance(choice, RankingChoice):
-            return choice, None
+            found = None
+        if isinstance(found, kind):
+            return found, None
         path.unlink(missing_ok=True)
         return None, f"the cached backtest {path.name} was unreadable: rebuilt"
 
-    def store(self, choice: RankingChoice, file_weight: float) -> None:
+    def _write(self, path: Path, value: object) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self._path(choice.anchor, choice.fraction, file_weight)
         tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
         with tmp.open("wb") as handle:
-            pickle.dump(choice, handle)
-        tmp.replace(path)
+            pickle.dump(value, handle)
+        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+
+    def load(
+        self, anchor: str, fraction: float, file_weight: float
+    ) -> tuple[RankingChoice | None, str | None]:
+        """The stored choice, or None; and a warning when a stored one was unreadable."""
+        found, warning = self._read(self._path(anchor, fraction, file_weight), RankingChoice)
+        return found, warning
+
+    def store(self, choice: RankingChoice, file_weight: float) -> None:
+        self._write(self._path(choice.anchor, choice.fraction, file_weight), choice)
+
+    def load_agent(
+        self, name: str, recent: Sequence[str]
+    ) -> tuple[AgentVerdict | None, str | None]:
+        """The agent's verdict if it was measured at one of the ``recent`` commits."""
+        found, warning = self._read(self.folder / f"agent-{name}.pickle", tuple)
+        if (
+            found is not None
+            and len(found) == 2
+            and isinstance(found[1], AgentVerdict)
+            and found[0] in set(recent)
+        ):
+            return found[1], warning
+        return None, warning
+
+    def store_agent(self, anchor: str, verdict: AgentVerdict) -> None:
+        self._write(self.folder / f"agent-{verdict.agent}.pickle", (anchor, verdict))

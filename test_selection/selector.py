@@ -15,6 +15,7 @@ from reuse_specs.upstream_check import find_drift
 from test_selection.agents import Agent, LocalAgent, NoAgent, Review
 from test_selection.allocation import FILE_WEIGHT, file_values, idf_order
 from test_selection.backtest import (
+    AGENT_REMEASURE,
     MIN_CASES,
     ChoiceCache,
     RankingChoice,
@@ -175,9 +176,14 @@ def _choose_ranking(
     if choice is None:
         only = None if config.ranking == "auto" else config.ranking
         agent = config.agent
+        verdict = None
+        if isinstance(agent, LocalAgent) and agent.available():
+            verdict, warning = cache.load_agent(agent.name, history.shas[-AGENT_REMEASURE:])
+            if warning:
+                notes.append(warning)
         measured = (
             (agent.name, agent.similarities)
-            if isinstance(agent, LocalAgent) and agent.available()
+            if isinstance(agent, LocalAgent) and agent.available() and verdict is None
             else None
         )
         choice = choose(
@@ -192,6 +198,10 @@ def _choose_ranking(
             only,
             measured,
         )
+        if choice.agent is not None:
+            cache.store_agent(anchor_sha, choice.agent)
+        elif verdict is not None:
+            choice.agent = verdict  # measured at a recent anchor: reused
         cache.store(choice, config.file_weight)
     return choice, notes
 

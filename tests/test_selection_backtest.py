@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from test_selection import backtest
+from test_selection.agents import LocalAgent
 from test_selection.allocation import Calibration
 from test_selection.backtest import MIN_CASES, ChoiceCache, build_cases
 from test_selection.git import Repo
@@ -340,3 +341,33 @@ def test_an_agent_runs_only_where_the_backtest_shows_it_places_edited_tests_earl
     else:
         assert verdict.note().startswith("the reader agent was skipped: on 8 past commit(s)")
     assert choice.to_json()["agent"] == verdict.note()
+
+
+class _CountingReader(LocalAgent):
+    """The local agent's protocol with a reading that helps nothing, counting its calls."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        super().__init__(cache_dir)
+        self.texts = 0
+
+    def similarities(self, hunks: list[str], texts: list[str]) -> list[float]:
+        self.texts += len(texts)
+        return [0.5] * len(texts)
+
+
+def test_the_agents_verdict_is_measured_once_for_the_next_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(backtest, "REFIT_EVERY", 1)  # a new anchor, so a new backtest, per commit
+    repo = _agent_history(tmp_path)
+    agent = _CountingReader(tmp_path / "cache")
+    config = SelectorConfig(budget=Budget.parse("30%"), cache_dir=tmp_path / "cache", agent=agent)
+    plan, _ = select(repo.path, "HEAD~2", "HEAD~1", None, config, exclude_paths={"tests/test_m.py"})
+    measured = agent.texts
+    assert measured > 0
+    skipped = [n for n in plan.notes if n.startswith("the local agent was skipped: on ")]
+    assert skipped and plan.agent == "none"
+    again, _ = select(repo.path, "HEAD~1", "HEAD", None, config, exclude_paths={"tests/test_m.py"})
+    assert agent.texts == measured  # the verdict of the commit before serves
+    assert again.ranking["anchor"] != plan.ranking["anchor"]
+    assert [n for n in again.notes if n.startswith("the local agent was skipped")] == skipped
