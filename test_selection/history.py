@@ -1,9 +1,10 @@
 """A repository's recent history, read once per selection: what every commit changed.
 
 Rankers count co-changes in it, the learned model computes its features from it, and the
-backtest replays its commits. One ``git log --raw`` call gives the paths of every commit
+backtest replays its commits. One ``git log --raw -M`` call gives the paths of every commit
 and the blob ids on both sides of each change, so the backtest can read both versions of a
-test file without a second walk over the history.
+test file without a second walk over the history. Renames are followed: every commit names
+a file by its newest name, so a test file that moved keeps its co-change history.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class History:
                 "--no-merges",
                 "--raw",
                 "--no-abbrev",
-                "--no-renames",
+                "-M",
                 "--format=%x01%H",
                 f"-n{limit + 1}",
                 "--end-of-options",
@@ -53,21 +54,37 @@ class History:
         shas: list[str] = []
         files: list[tuple[str, ...]] = []
         modified: list[dict[str, tuple[str, str]]] = []
-        for block in reversed(blocks[:limit]):
+        # a file is known by its newest name: a test file moved last month keeps its history
+        current: dict[str, str] = {}
+        newest_first: list[tuple[str, list[str], dict[str, tuple[str, str]]]] = []
+        for block in blocks[:limit]:
             lines = block.split("\n")
             paths: list[str] = []
             blobs: dict[str, tuple[str, str]] = {}
+            renames: list[tuple[str, str]] = []
             for line in lines[1:]:
                 if not line.startswith(":"):
                     continue
-                meta, _, path = line.partition("\t")
+                meta, _, names = line.partition("\t")
                 parts = meta.split()
-                if len(parts) < 5 or not path:
+                if len(parts) < 5 or not names:
                     continue
+                status = parts[4][:1]
+                if status in "RC":
+                    old, _, new = names.partition("\t")
+                    if status == "R":
+                        renames.append((old, new))
+                    path = current.get(new, new)
+                else:
+                    path = current.get(names, names)
                 paths.append(path)
-                if parts[4] == "M" and parts[2] != _NULL and parts[3] != _NULL:
+                if status in "MR" and _NULL not in (parts[2], parts[3]) and parts[2] != parts[3]:
                     blobs[path] = (parts[2], parts[3])
-            shas.append(lines[0].strip())
+            for old, new in renames:  # older commits name the file by its newest name
+                current[old] = current.get(new, new)
+            newest_first.append((lines[0].strip(), paths, blobs))
+        for sha, paths, blobs in reversed(newest_first):
+            shas.append(sha)
             files.append(tuple(paths))
             modified.append(blobs)
         postings: dict[str, list[int]] = defaultdict(list)

@@ -11,11 +11,12 @@ from a checkout, and never executed.
 from __future__ import annotations
 
 import configparser
+import fnmatch
 import shlex
 import tomllib
 from dataclasses import dataclass
 
-from test_selection.git import Repo
+from test_selection.git import GitError, Repo
 
 # where pytest itself looks when nothing is configured: test_*.py and *_test.py at any depth
 # (in fnmatch, * crosses folders), apart from the folders it never enters (NO_RECURSE)
@@ -80,6 +81,52 @@ def patterns_from_pytest(options: dict[str, object]) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(out))
 
 
+def _outside_packages(repo: Repo, rev: str, options: dict[str, object]) -> tuple[str, ...]:
+    """Globs for test files outside ``testpaths`` that are still the repository's tests:
+    ``python_files`` in top-level folders that are not Python packages (``benchmarks/``,
+    ``examples/``). ``testpaths`` only says where a bare ``pytest`` starts; those are run by
+    naming them, and a change can break them too. Inside a package (``torch/``) a
+    ``test_*.py`` is more likely a helper (``test_case.py``) and stays a source file."""
+    if not _words(options.get("testpaths")):
+        return ()
+    try:
+        listing = repo.text("ls-tree", "--end-of-options", rev)
+    except GitError:
+        return ()
+    folders = []
+    configured = {p.strip("/").split("/", 1)[0] for p in _words(options.get("testpaths"))}
+    for line in listing.splitlines():
+        meta, _, name = line.partition("\t")
+        if meta.split()[1:2] != ["tree"] or name in configured:
+            continue
+        if any(fnmatch.fnmatchcase(name, n) for n in NO_RECURSE):
+            continue
+        folders.append(name)
+    if not folders:
+        return ()
+    packages = set()
+    try:
+        found = repo.text(
+            "ls-tree",
+            "--name-only",
+            "--end-of-options",
+            rev,
+            "--",
+            *(f"{f}/__init__.py" for f in folders),
+        )
+        packages = {line.split("/", 1)[0] for line in found.splitlines()}
+    except GitError:
+        pass
+    files = _words(options.get("python_files")) or list(PYTEST_PYTHON_FILES)
+    return tuple(
+        pattern
+        for folder in folders
+        if folder not in packages
+        for f in files
+        for pattern in (f"{folder}/{f}", f"{folder}/*/{f}")
+    )
+
+
 def detect_layout(repo: Repo, rev: str) -> Layout:
     """The repository's pytest configuration at ``rev``, else :data:`DEFAULT_PATTERNS`."""
     for name in _CONFIG_FILES:
@@ -91,7 +138,12 @@ def detect_layout(repo: Repo, rev: str) -> Layout:
             continue
         patterns = patterns_from_pytest(options)
         if patterns:
-            return Layout(patterns, f"{name} (testpaths/python_files)")
+            elsewhere = _outside_packages(repo, rev, options)
+            source = f"{name} (testpaths/python_files)"
+            if elsewhere:
+                folders = sorted({p.split("/", 1)[0] for p in elsewhere})
+                source += f", and python_files in {', '.join(folders)} (not packages)"
+            return Layout(patterns + elsewhere, source)
     return Layout(DEFAULT_PATTERNS, "defaults")
 
 

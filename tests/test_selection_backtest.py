@@ -371,3 +371,17 @@ def test_the_agents_verdict_is_measured_once_for_the_next_commits(
     assert agent.texts == measured  # the verdict of the commit before serves
     assert again.ranking["anchor"] != plan.ranking["anchor"]
     assert [n for n in again.notes if n.startswith("the local agent was skipped")] == skipped
+
+
+def test_history_follows_renames_so_a_moved_test_keeps_its_past(tmp_path: Path) -> None:
+    repo = GitRepo(tmp_path / "moved")
+    body = "".join(f"def test_{x}():\n    assert '{x}' * 40\n\n\n" for x in LETTERS)
+    repo.commit("base", {"pkg/m.py": "x = 0\n", "tests/test_old.py": body})
+    repo.commit("edit", {"pkg/m.py": "x = 1\n", "tests/test_old.py": body.replace("'a'", "'A'")})
+    repo.commit(
+        "move", {"tests/test_old.py": None, "tests/unit/test_new.py": body.replace("'a'", "'A'")}
+    )
+    history = History.read(Repo(repo.path), "HEAD")
+    assert history.files[1] == ("pkg/m.py", "tests/unit/test_new.py")  # the edit, by its new name
+    assert "tests/unit/test_new.py" in history.modified[1]
+    assert "tests/test_old.py" not in history.postings

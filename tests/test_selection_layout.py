@@ -119,3 +119,23 @@ def test_an_empty_universe_is_an_error_with_the_patterns_tried(
     )
     assert named.code == 0, named.output
     assert json.loads(named.stdout)["patterns"] == ["src/checks_*.py"]
+
+
+def test_tests_outside_testpaths_count_unless_inside_a_package(tmp_path: Path) -> None:
+    """``testpaths`` says where a bare pytest starts; benchmarks/ holds tests too, while a
+    test_*.py inside the package is a helper module (PyTorch's torch/_dynamo/test_case.py)."""
+    repo = _repo(
+        tmp_path,
+        "tests/test_ops.py",
+        {
+            "pytest.ini": "[pytest]\ntestpaths = tests\n",
+            "benchmarks/test_speed.py": "def test_speed():\n    assert True\n",
+            "pkg/test_case.py": "class TestCase:\n    pass\n",
+            ".github/scripts/test_ci.py": "def test_ci():\n    pass\n",
+        },
+    )
+    layout = detect_layout(Repo(repo.path), "HEAD")
+    assert "benchmarks (not packages)" in layout.source
+    plan, _ = select(repo.path, "HEAD~1", "HEAD", config=SelectorConfig(budget=Budget("all")))
+    files = {p.test.file for p in plan.selected}
+    assert files == {"tests/test_ops.py", "benchmarks/test_speed.py"}
