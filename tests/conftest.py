@@ -21,6 +21,29 @@ collect_ignore = ["data"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_SPECS = REPO_ROOT / "reuse_specs" / "specs"
+CONTAINER_FIXTURES = frozenset({"engine"})  # a Podman client on the runner image
+BROWSER_FIXTURES = frozenset({"browser", "watched"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark what needs a container image or a browser (``scripts/test.sh --quick`` leaves
+    them out): a test run once per runtime with ``container``, or one using a fixture that
+    needs either; tests that start their own say so with the marker themselves."""
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        names = set(getattr(item, "fixturenames", ()))
+        if (spec is not None and "container" in list(spec.params.values())) or (
+            names & CONTAINER_FIXTURES
+        ):
+            item.add_marker(pytest.mark.container)
+        if names & BROWSER_FIXTURES:
+            item.add_marker(pytest.mark.browser)
+
+
+def worker_index() -> int:
+    """This pytest-xdist worker's number (0 without xdist): per-worker resources by name."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(name.removeprefix("gw")) if name.removeprefix("gw").isdigit() else 0
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from ci_relay.sample_upstream import SampleUpstream
 from ci_relay.store.database import Database
 from ci_relay.store.models import Change, Delivery, Run, Shard, TestResult
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = REPO_ROOT / "artifacts" / "screenshots"

@@ -111,6 +111,7 @@ exit 1
 """
 
 
+@pytest.mark.container
 @pytest.mark.slow
 def test_the_relay_image_serves_its_api() -> None:
     """The image built by `ci-relay images build --relay` (scripts/test.sh builds it) starts

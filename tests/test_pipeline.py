@@ -6,9 +6,9 @@ are real ``ci-relay worker`` processes that run the sample upstream's tests.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -26,6 +26,7 @@ from ci_relay.intake.signature import sign
 from ci_relay.sample_upstream import SampleCommit, SampleUpstream
 from ci_relay.settings import Settings
 from ci_relay.store.models import Delivery, OutboxMessage, Run, Selection, Shard, TestResult
+from tests.conftest import worker_index
 from tests.relay_fixtures import SECRET, fresh_postgres_database
 
 pytestmark = pytest.mark.slow
@@ -66,11 +67,22 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+_DATABASES = itertools.count()
+
+
+def redis_database() -> int:
+    """A Redis database number no other xdist worker uses at the same time (1..15 split
+    between workers, taken in turn; database 0 stays free for people)."""
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    per_worker = max(1, 15 // workers)
+    return 1 + worker_index() * per_worker + next(_DATABASES) % per_worker
+
+
 class Cluster:
     """Settings shared by the API side (this process) and worker subprocesses."""
 
     def __init__(self, tmp: Path, database_url: str, sample: SampleUpstream) -> None:
-        self.db_number = random.randint(1, 15)
+        self.db_number = redis_database()
         redis.Redis(REDIS_HOST, REDIS_PORT, db=self.db_number).flushdb()
         spec = tmp / "small.yaml"
         spec.write_text(SMALL_SPEC)
@@ -377,6 +389,7 @@ def _with_slow_commit(sample: SampleUpstream, dest: Path) -> SampleUpstream:
     return SampleUpstream(dest, [*sample.commits, SampleCommit(head, "Add a slow test")])
 
 
+@pytest.mark.container
 def test_a_stopped_worker_stops_its_shard_container_and_the_next_worker_runs_it(
     tmp_path: Path, sample_upstream: SampleUpstream
 ) -> None:

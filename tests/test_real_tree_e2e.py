@@ -30,7 +30,7 @@ from ci_relay.store.models import Run, Shard, ShardState, TestResult
 from tests.relay_fixtures import drain, post_webhook, served_app, upstream_context
 from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.container, pytest.mark.browser]
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("test_view_ops.py", "test_binary_ufuncs.py")
 TOO_OLD = "test_too_old.py"  # imports what torch 2.13 no longer has, like real old files

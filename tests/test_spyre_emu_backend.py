@@ -159,6 +159,7 @@ def test_the_real_card_backend_refuses_clearly_without_torch_spyre(
     assert "--backend spyre-emu" in result.stderr
 
 
+@pytest.mark.container
 @pytest.mark.slow
 def test_the_spyre_emu_runner_image_runs_them_in_a_container(
     sample_upstream: SampleUpstream, cli: Callable[..., CliResult], tmp_path: Path

@@ -369,6 +369,7 @@ def served(triaged: Triaged) -> Iterator[str]:
         yield url
 
 
+@pytest.mark.browser
 def test_the_verdicts_in_a_browser(triaged: Triaged, served: str, tmp_path: Path) -> None:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -436,6 +437,7 @@ def test_an_llm_that_fails_leaves_the_template(chat: FakeChat, tmp_path: Path, m
     assert "llm summary failed" in verdict.evidence[-1]
 
 
+@pytest.mark.container
 def test_a_missing_runner_image_is_infra(sample_upstream: SampleUpstream, tmp_path: Path) -> None:
     subprocess.run(
         ["git", "clone", "-q", str(sample_upstream.path), str(tmp_path / "upstream")], check=True
@@ -471,6 +473,7 @@ def test_slow_and_wrong():
 """
 
 
+@pytest.mark.container
 def test_a_worker_stop_during_triage_is_no_verdict(
     sample_upstream: SampleUpstream, tmp_path: Path
 ) -> None:

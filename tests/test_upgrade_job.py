@@ -226,6 +226,7 @@ def served(submitted: Submitted) -> Iterator[str]:
         yield url
 
 
+@pytest.mark.browser
 def test_the_comparison_page_in_a_browser(
     submitted: Submitted, served: str, tmp_path: Path
 ) -> None:
