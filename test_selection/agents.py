@@ -56,6 +56,11 @@ class NoAgent:
         return Review(self.name)
 
 
+def _digest(text: str) -> str:
+    """The store's key for a text: an unchanged test is never embedded again."""
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
 _MODEL_LOCK = threading.Lock()
 _MODEL: Any = None
 _STORES: dict[Path, dict[str, Any]] = {}  # embeddings by text digest, per cache folder
@@ -128,7 +133,7 @@ class LocalAgent:
     def _encode(self, texts: list[str], store: dict[str, Any]) -> list[Any]:
         import numpy as np
 
-        keys = [hashlib.sha256(t.encode()).hexdigest()[:24] for t in texts]
+        keys = [_digest(t) for t in texts]
         todo = [(k, t) for k, t in zip(keys, texts, strict=True) if k not in store]
         if todo:
             vectors = _embedding_model().encode(
@@ -140,6 +145,17 @@ class LocalAgent:
             for (k, _), v in zip(todo, vectors, strict=True):
                 store[k] = np.asarray(v, dtype=np.float32)
         return [store[k] for k in keys]
+
+    def embed_ahead(self, texts: list[str], budget: int) -> int:
+        """Embed up to ``budget`` of the texts not embedded yet (kept in the store); how
+        many are still left."""
+        store = self._store()
+        keys = {_digest(t[:AGENT_CHARS]): t[:AGENT_CHARS] for t in texts}
+        todo = [k for k in keys if k not in store]
+        if todo[:budget]:
+            self._encode([keys[k] for k in todo[:budget]], store)
+            self._save(store)
+        return max(0, len(todo) - budget)
 
     def similarities(self, hunks: list[str], texts: list[str]) -> list[float]:
         """Each text's best cosine with any hunk (the backtest and the within-file order

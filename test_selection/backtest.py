@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from test_selection.allocation import (
     FILE_WEIGHT,
@@ -48,10 +48,12 @@ MIN_CASES = 12  # fewer: too little history to choose, the prior ranking is used
 REFIT_EVERY = 50  # commits of history an anchor serves
 MAX_CASE_FILES = 60  # a larger commit is a sweep, not a change and its tests
 TIE = 0.005  # a candidate must beat the earlier (simpler) ones by this much
-AGENT_CASES = 8  # newest commits an agent is measured on
-AGENT_TEXTS = 400  # tests it may read while measured (bounds the cold selection's time)
-AGENT_MARGIN = 0.03  # how much earlier it must place the edited tests to run
-MIN_AGENT_TESTS = 10
+AGENT_CASES = 12  # newest commits (that edited existing tests) an agent is measured on
+AGENT_TEXTS = 800  # tests of those commits' files it reads in all
+AGENT_NEW_TEXTS = 200  # of which one selection reads at most this many new ones: the
+# measurement spreads over a few selections instead of making one of them slow
+AGENT_MARGIN = 0.05  # how much earlier (share of a file) it must place the edited tests
+MIN_AGENT_TESTS = 25
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,18 @@ class Figures:
 Similarity = Callable[[list[str], list[str]], list[float]]  # (hunks, texts) -> per text
 
 
+class Reader(Protocol):
+    """An agent that reads a change and tests (``agents.LocalAgent``)."""
+
+    name: str
+
+    def similarities(self, hunks: list[str], texts: list[str]) -> list[float]: ...
+
+    def embed_ahead(self, texts: list[str], budget: int) -> int:
+        """Read up to ``budget`` of the texts it has not read yet; how many are left."""
+        ...
+
+
 @dataclass(frozen=True)
 class AgentVerdict:
     """Whether an agent's reading of the change put the edited tests of past commits
@@ -103,8 +117,14 @@ class AgentVerdict:
     measured: int  # edited tests measured
     commits: int
     seconds: float
+    pending: int = 0  # tests still to read before it can be judged
 
     def note(self) -> str:
+        if self.pending:
+            return (
+                f"the {self.agent} agent was skipped while it is measured: {self.pending} "
+                f"test(s) of past commits still to read (at most {AGENT_NEW_TEXTS} a selection)"
+            )
         figures = (
             f"on {self.commits} past commit(s) ({self.measured} edited tests) it placed them at "
             f"{self.with_agent:.0%} of their file on average, against {self.words:.0%} for the "
@@ -137,7 +157,7 @@ class RankingChoice:
     fraction: float = 0.15
     reason: str = ""
     seconds: float = 0.0
-    agent: AgentVerdict | None = None
+    agent: AgentVerdict | None = None  # set by the selector (measured apart, cached apart)
 
     def ranker(self, imports: dict[str, set[str]]) -> FileRanker:
         counting = HistoryCounting()
@@ -160,7 +180,11 @@ class RankingChoice:
 
 
 def _eligible(
-    history: History, last: int, universe: set[str], is_test: Callable[[str], bool]
+    history: History,
+    last: int,
+    universe: set[str],
+    is_test: Callable[[str], bool],
+    limit: int = BACKTEST_CASES,
 ) -> list[int]:
     """The newest ``BACKTEST_CASES`` commits up to index ``last`` that modified a test file of
     the universe and changed a source file, in a commit small enough to be one change."""
@@ -173,7 +197,7 @@ def _eligible(
         if not any(p in universe for p in modified) or all(is_test(p) for p in paths):
             continue
         found.append(index)
-        if len(found) >= BACKTEST_CASES:
+        if len(found) >= limit:
             break
     return found
 
@@ -235,10 +259,11 @@ def build_cases(
     last: int,
     universe: set[str],
     is_test: Callable[[str], bool],
+    limit: int = BACKTEST_CASES,
 ) -> list[Case]:
     """The backtest's commits, newest first, with their truth read from both versions of
     every test file they modified."""
-    indexes = _eligible(history, last, universe, is_test)
+    indexes = _eligible(history, last, universe, is_test, limit)
     sources: set[str] = set()
     blobs: set[str] = set()
     for index in indexes:
@@ -282,13 +307,17 @@ def build_cases(
 def measure_agent(
     repo: Repo,
     history: History,
-    cases: Sequence[Case],
-    similarity: Similarity,
-    name: str,
+    last: int,
+    universe: set[str],
+    is_test: Callable[[str], bool],
+    reader: Reader,
 ) -> AgentVerdict:
-    """Replay the agent on the newest cases that edited existing tests: does blending its
-    similarity into each file's word order put the edited tests earlier?"""
+    """Replay the agent on the newest commits up to ``last`` that edited existing tests:
+    does blending its similarity into each file's word order put the edited tests earlier?
+    Reads at most ``AGENT_NEW_TEXTS`` new tests per call; until all are read, the verdict is
+    pending (and the agent does not run)."""
     started = time.perf_counter()
+    cases = build_cases(repo, history, last, universe, is_test, limit=AGENT_CASES * 3)
     sample = [c for c in cases if any(edited for _n, edited in c.truth.values())][:AGENT_CASES]
     sources = {p for c in sample for p in c.sources}
     diffs = _case_diffs(repo, history, [c.index for c in sample], sources)
@@ -300,17 +329,17 @@ def measure_agent(
         for b in pair
     }
     contents = repo.read_blobs(sorted(blobs)) if blobs else {}
-    words_places: list[float] = []
-    agent_places: list[float] = []
+    files: list[
+        tuple[list[str], list[str], list[int], list[int]]
+    ] = []  # hunks, texts, order, edited
     read = 0
-    commits = 0
+    commits = set()
     for case in sample:
         lines, hunks = diffs.get(case.sha, ([], []))
         words = diff_words(lines)
-        measured_here = False
         for path in case.truth:
             old, new = history.modified[case.index][path]
-            if old not in contents or new not in contents or read >= AGENT_TEXTS:
+            if old not in contents or new not in contents:
                 continue
             before = split_tests(contents[old].decode("utf-8", "replace"))
             after = split_tests(contents[new].decode("utf-8", "replace"))
@@ -318,33 +347,35 @@ def measure_agent(
             edited = [
                 i for i, n in enumerate(names) if n in after and after[n].digest != before[n].digest
             ]
-            if not edited or len(names) < 2:
+            if not edited or len(names) < 2 or read + len(names) > AGENT_TEXTS:
                 continue
-            texts = [before[n].head for n in names][: AGENT_TEXTS - read]
-            if len(texts) < len(names):
-                break
-            read += len(texts)
-            sims = similarity(hunks, texts)
+            read += len(names)
             order, _scores = idf_order([(before[n].tokens, before[n].lines) for n in names], words)
-            blended = blend_orders(order, sims)
+            files.append((hunks, [before[n].head for n in names], order, edited))
+            commits.add(case.sha)
+    pending = reader.embed_ahead([t for _h, texts, _o, _e in files for t in texts], AGENT_NEW_TEXTS)
+    words_places: list[float] = []
+    agent_places: list[float] = []
+    if not pending:
+        for hunks, texts, order, edited in files:
+            blended = blend_orders(order, reader.similarities(hunks, texts))
             word_place = {i: k for k, i in enumerate(order)}
             agent_place = {i: k for k, i in enumerate(blended)}
             for i in edited:
-                words_places.append(word_place[i] / len(names))
-                agent_places.append(agent_place[i] / len(names))
-            measured_here = True
-        commits += measured_here
+                words_places.append(word_place[i] / len(texts))
+                agent_places.append(agent_place[i] / len(texts))
     measured = len(words_places)
     words_mean = sum(words_places) / measured if measured else 0.0
     agent_mean = sum(agent_places) / measured if measured else 0.0
     return AgentVerdict(
-        name,
+        reader.name,
         measured >= MIN_AGENT_TESTS and agent_mean <= words_mean - AGENT_MARGIN,
         words_mean,
         agent_mean,
         measured,
-        commits,
+        len(commits),
         time.perf_counter() - started,
+        pending,
     )
 
 
@@ -499,11 +530,9 @@ def choose(
     fraction: float,
     file_weight: float = FILE_WEIGHT,
     only: str | None = None,
-    agent: tuple[str, Similarity] | None = None,
 ) -> RankingChoice:
     """Replay the candidates on the commits up to ``anchor`` and return the winner (or the
-    one named by ``only``), with its measured calibration; and, given an agent (its name
-    and similarity), whether it earns its place."""
+    one named by ``only``), with its measured calibration."""
     started = time.perf_counter()
     files = sorted(sizes)
     universe = set(files)
@@ -573,7 +602,6 @@ def choose(
             for f in figures
         )
     )
-    verdict = measure_agent(repo, history, cases, agent[1], agent[0]) if agent else None
     return RankingChoice(
         best.name,
         best.description,
@@ -585,7 +613,6 @@ def choose(
         fraction,
         "; ".join([reason, *notes]),
         time.perf_counter() - started,
-        verdict,
     )
 
 

@@ -24,6 +24,7 @@ from test_selection.backtest import (
     blend_orders,
     buckets,
     choose,
+    measure_agent,
     ranked,
 )
 from test_selection.candidates import Context, Heuristic, collect_evidence, default_heuristics
@@ -98,7 +99,8 @@ def spec_universe(
 # what the backtest-chosen ranking replaces: files by history, tests by the change's words
 RANKED_SIGNALS = frozenset({"co-change", "path-keywords", "references-change"})
 RANKINGS = ("auto", "history", "learned", "blend", "hand")
-AGENT_FILES = 30  # an agent that runs reorders the tests of this many top-ranked files
+AGENT_FILES = 30  # an agent that runs reorders the tests of this many top-ranked files,
+AGENT_LIVE_TEXTS = 600  # reading at most this many tests (embeddings are kept across calls)
 
 
 def _review(
@@ -164,45 +166,41 @@ def _choose_ranking(
             config.label or "",
             *sorted(str(s) for s in specs or ()),
             config.ranking,
-            config.agent.name,
         ]
     )
     cache = ChoiceCache(config.cache_dir, key)
     fraction = round(fraction, 4)
+
+    def is_test(path: str) -> bool:
+        return is_test_path(path, layout.patterns)
+
     anchor_sha = history.shas[anchor] if anchor >= 0 else ""
     choice, warning = cache.load(anchor_sha, fraction, config.file_weight)
     if warning:
         notes.append(warning)
     if choice is None:
-        only = None if config.ranking == "auto" else config.ranking
-        agent = config.agent
-        verdict = None
-        if isinstance(agent, LocalAgent) and agent.available():
-            verdict, warning = cache.load_agent(agent.name, history.shas[-AGENT_REMEASURE:])
-            if warning:
-                notes.append(warning)
-        measured = (
-            (agent.name, agent.similarities)
-            if isinstance(agent, LocalAgent) and agent.available() and verdict is None
-            else None
-        )
         choice = choose(
             repo,
             history,
             anchor,
             sizes,
             imports,
-            lambda path: is_test_path(path, layout.patterns),
+            is_test,
             fraction,
             config.file_weight,
-            only,
-            measured,
+            None if config.ranking == "auto" else config.ranking,
         )
-        if choice.agent is not None:
-            cache.store_agent(anchor_sha, choice.agent)
-        elif verdict is not None:
-            choice.agent = verdict  # measured at a recent anchor: reused
         cache.store(choice, config.file_weight)
+    agent = config.agent
+    if isinstance(agent, LocalAgent) and agent.available() and choice.cases >= MIN_CASES:
+        verdict, warning = cache.load_agent(agent.name, history.shas[-AGENT_REMEASURE:])
+        if warning:
+            notes.append(warning)
+        if verdict is None:
+            verdict = measure_agent(repo, history, anchor, set(sizes), is_test, agent)
+            if not verdict.pending:
+                cache.store_agent(anchor_sha, verdict)
+        choice.agent = verdict
     return choice, notes
 
 
@@ -239,14 +237,16 @@ def _ranked_evidence(
         f"{f.path}\n{f.hunk_text}" for f in (change.source_files or change.files) if f.hunk_text
     ][:20]
     out: dict[TestId, Evidence] = {}
+    agent_texts = AGENT_LIVE_TEXTS  # what the agent may read for this change
     for rank, path in enumerate(order):
         tests = by_file[path]
         n = len(tests)
         p = calibration.p_file(file_buckets[path])
         values = file_values(p, calibration.expected_edited(n), n, calibration, file_weight)
         within, word_scores = idf_order([(fn.tokens, fn.lines) for fn in tests], words)
-        if similarity is not None and rank < AGENT_FILES and n > 1:
+        if similarity is not None and rank < AGENT_FILES and 1 < n <= agent_texts:
             within = blend_orders(within, similarity(hunks, [fn.source for fn in tests]))
+            agent_texts -= n
         why = scores.reasons.get(path)
         head = (
             f"{path} is #{rank + 1} of {len(files)} by {choice.description}"

@@ -4,6 +4,7 @@ where each candidate is the right one, and the inputs that must not break the ch
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -312,35 +313,65 @@ def _oracle(hunks: list[str], texts: list[str]) -> list[float]:
     return [1.0 if any(f"def test_{x}(" in t for x in named) else 0.0 for t in texts]
 
 
+class _Reader:
+    """The agent protocol around a similarity function, reading everything at once."""
+
+    def __init__(self, name: str, similarity: Callable[[list[str], list[str]], list[float]]):
+        self.name = name
+        self.similarity = similarity
+        self.read: set[str] = set()
+
+    def embed_ahead(self, texts: list[str], budget: int) -> int:
+        todo = [t for t in dict.fromkeys(texts) if t not in self.read]
+        self.read |= set(todo[:budget])
+        return max(0, len(todo) - budget)
+
+    def similarities(self, hunks: list[str], texts: list[str]) -> list[float]:
+        return self.similarity(hunks, texts)
+
+
 @pytest.mark.parametrize(
     ("similarity", "runs"), [(_oracle, True), (lambda h, t: [0.5] * len(t), False)]
 )
 def test_an_agent_runs_only_where_the_backtest_shows_it_places_edited_tests_earlier(
     tmp_path: Path,
-    similarity,
-    runs: bool,  # type: ignore[no-untyped-def]
+    similarity: Callable[[list[str], list[str]], list[float]],
+    runs: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(backtest, "AGENT_NEW_TEXTS", 10)
     repo = _agent_history(tmp_path)
     history = History.read(Repo(repo.path), "HEAD")
-    choice = backtest.choose(
-        Repo(repo.path),
-        history,
-        len(history.shas) - 1,
-        {"tests/test_m.py": 10},
-        {},
-        lambda p: p.startswith("tests/"),
-        0.3,
-        agent=("reader", similarity),
+    reader = _Reader("reader", similarity)
+
+    def measure() -> backtest.AgentVerdict:
+        return backtest.measure_agent(
+            Repo(repo.path),
+            history,
+            len(history.shas) - 1,
+            {"tests/test_m.py"},
+            lambda p: p.startswith("tests/"),
+            reader,
+        )
+
+    verdict = measure()  # the tests of 12 commits' files to read, 10 at a time
+    assert verdict.pending > 0 and not verdict.runs
+    assert verdict.note().startswith(
+        f"the reader agent was skipped while it is measured: {verdict.pending} test"
     )
-    verdict = choice.agent
-    assert verdict is not None and verdict.measured >= backtest.MIN_AGENT_TESTS
+    for _ in range(20):
+        left = verdict.pending
+        verdict = measure()
+        assert verdict.pending == max(0, left - 10)
+        if not verdict.pending:
+            break
+    assert verdict.pending == 0 and verdict.measured >= backtest.MIN_AGENT_TESTS
     assert verdict.runs is runs, verdict
     if runs:
         assert verdict.with_agent < verdict.words - backtest.AGENT_MARGIN
         assert verdict.note().startswith("the reader agent orders tests within files")
     else:
-        assert verdict.note().startswith("the reader agent was skipped: on 8 past commit(s)")
-    assert choice.to_json()["agent"] == verdict.note()
+        assert verdict.note().startswith("the reader agent was skipped: on 12 past commit(s)")
 
 
 class _CountingReader(LocalAgent):
@@ -350,8 +381,11 @@ class _CountingReader(LocalAgent):
         super().__init__(cache_dir)
         self.texts = 0
 
-    def similarities(self, hunks: list[str], texts: list[str]) -> list[float]:
+    def embed_ahead(self, texts: list[str], budget: int) -> int:
         self.texts += len(texts)
+        return 0
+
+    def similarities(self, hunks: list[str], texts: list[str]) -> list[float]:
         return [0.5] * len(texts)
 
 
