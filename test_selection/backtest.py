@@ -616,8 +616,10 @@ def choose(
     )
 
 
-def anchor_index(repo: Repo, history: History, base: str) -> int:
-    """The index in ``history`` of the base's anchor (see the module docstring)."""
+def anchor_index(repo: Repo, history: History, base: str, every: int | None = None) -> int:
+    """The index in ``history`` of the base's anchor (see the module docstring): its
+    position rounded down to a multiple of ``every`` commits (``REFIT_EVERY``)."""
+    every = every or REFIT_EVERY
     if not history.shas:
         return -1
     if history.truncated:
@@ -629,10 +631,10 @@ def anchor_index(repo: Repo, history: History, base: str) -> int:
             total = len(history.shas)
     else:
         total = len(history.shas)
-    return len(history.shas) - 1 - (total - 1) % REFIT_EVERY
+    return max(-1, len(history.shas) - 1 - (total - 1) % every)
 
 
-AGENT_REMEASURE = 250  # commits of history an agent's verdict serves
+AGENT_REMEASURE = 250  # the agent is measured at anchors this far apart (it is the slow part)
 
 
 class ChoiceCache:
@@ -686,19 +688,10 @@ class ChoiceCache:
     def store(self, choice: RankingChoice, file_weight: float) -> None:
         self._write(self._path(choice.anchor, choice.fraction, file_weight), choice)
 
-    def load_agent(
-        self, name: str, recent: Sequence[str]
-    ) -> tuple[AgentVerdict | None, str | None]:
-        """The agent's verdict if it was measured at one of the ``recent`` commits."""
-        found, warning = self._read(self.folder / f"agent-{name}.pickle", tuple)
-        if (
-            found is not None
-            and len(found) == 2
-            and isinstance(found[1], AgentVerdict)
-            and found[0] in set(recent)
-        ):
-            return found[1], warning
-        return None, warning
+    def load_agent(self, name: str, anchor: str) -> tuple[AgentVerdict | None, str | None]:
+        """The agent's verdict measured at ``anchor``, or None."""
+        found, warning = self._read(self.folder / f"agent-{name}-{anchor}.pickle", AgentVerdict)
+        return found, warning
 
     def store_agent(self, anchor: str, verdict: AgentVerdict) -> None:
-        self._write(self.folder / f"agent-{verdict.agent}.pickle", (anchor, verdict))
+        self._write(self.folder / f"agent-{verdict.agent}-{anchor}.pickle", verdict)

@@ -193,13 +193,14 @@ def _choose_ranking(
         cache.store(choice, config.file_weight)
     agent = config.agent
     if isinstance(agent, LocalAgent) and agent.available() and choice.cases >= MIN_CASES:
-        verdict, warning = cache.load_agent(agent.name, history.shas[-AGENT_REMEASURE:])
+        at = anchor_index(repo, history, change.base, AGENT_REMEASURE)
+        verdict, warning = cache.load_agent(agent.name, history.shas[at] if at >= 0 else "")
         if warning:
             notes.append(warning)
         if verdict is None:
-            verdict = measure_agent(repo, history, anchor, set(sizes), is_test, agent)
+            verdict = measure_agent(repo, history, at, set(sizes), is_test, agent)
             if not verdict.pending:
-                cache.store_agent(anchor_sha, verdict)
+                cache.store_agent(history.shas[at] if at >= 0 else "", verdict)
         choice.agent = verdict
     return choice, notes
 

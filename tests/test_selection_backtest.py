@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from test_selection import backtest
+from test_selection import backtest, selector
 from test_selection.agents import LocalAgent
 from test_selection.allocation import Calibration
 from test_selection.backtest import MIN_CASES, ChoiceCache, build_cases
@@ -393,6 +393,7 @@ def test_the_agents_verdict_is_measured_once_for_the_next_commits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(backtest, "REFIT_EVERY", 1)  # a new anchor, so a new backtest, per commit
+    monkeypatch.setattr(selector, "AGENT_REMEASURE", 20)  # ... but one agent anchor for both
     repo = _agent_history(tmp_path)
     agent = _CountingReader(tmp_path / "cache")
     config = SelectorConfig(budget=Budget.parse("30%"), cache_dir=tmp_path / "cache", agent=agent)
