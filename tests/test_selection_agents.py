@@ -275,6 +275,18 @@ def test_select_cli_json_explain_and_bad_sha(
         "lots",
     )
     assert budget.code == 2 and "bad budget" in budget.output
+    ranking = cli(
+        "select",
+        "--upstream",
+        sample_upstream.path,
+        "--base",
+        "HEAD~1",
+        "--head",
+        "HEAD",
+        "--ranking",
+        "best",
+    )
+    assert ranking.code == 2 and "unknown ranking 'best'" in ranking.output
 
 
 def test_select_eval_reports_recall_and_baselines(
