@@ -211,11 +211,16 @@ def main() -> int:
         help="also run the yardstick itself (ci-relay select per commit) on the newest N",
     )
     ap.add_argument("--save", help="write every per-commit result as JSON here")
-    ap.add_argument("--load", help="read results saved by --save instead of replaying")
+    ap.add_argument(
+        "--load",
+        action="append",
+        help="read results saved by --save instead of replaying (repeatable: one run per "
+        "history can be saved apart and the table printed over all of them)",
+    )
     args = ap.parse_args()
     weights = tuple(float(w) for w in args.file_weights.split(","))
     if args.load:
-        results = json.loads(Path(args.load).read_text())
+        results = [r for path in args.load for r in json.loads(Path(path).read_text())]
     else:
         if not Path(args.yardstick).is_file():
             print(f"the yardstick is missing: {args.yardstick}", file=sys.stderr)

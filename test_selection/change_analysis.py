@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from test_selection.git import Repo
@@ -107,8 +108,10 @@ def _parse_diff(text: str) -> dict[str, FileChange]:
 _Span = tuple[ast.AST, int, int]  # a def, class body or assignment, and its first/last line
 
 
+@lru_cache(maxsize=64)
 def _defs(source: bytes | None, path: str) -> tuple[dict[str, _Span], str | None]:
-    """Qualified def/class name -> the node to compare and the lines it spans."""
+    """Qualified def/class name -> the node to compare and the lines it spans (kept for the
+    next selection of the same change: one per backend, and the backtest's replays)."""
     if source is None:
         return {}, None
     try:

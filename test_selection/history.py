@@ -34,6 +34,20 @@ class History:
 
     @classmethod
     def read(cls, repo: Repo, rev: str, limit: int = HISTORY_COMMITS) -> History:
+        """The history up to ``rev``; a worker keeps the last few it read (a commit's
+        history never changes, and each backend's run of a change selects on it)."""
+        sha = repo.resolve(rev)
+        key = (str(repo.path), sha, limit)
+        kept = _READ.get(key)
+        if kept is None:
+            kept = cls._read(repo, sha, limit)
+            if len(_READ) >= _KEEP:
+                _READ.pop(next(iter(_READ)))
+            _READ[key] = kept
+        return kept
+
+    @classmethod
+    def _read(cls, repo: Repo, rev: str, limit: int) -> History:
         try:
             text = repo.text(
                 "log",
@@ -103,3 +117,7 @@ class History:
             tuple(modified),
             truncated,
         )
+
+
+_READ: dict[tuple[str, str, int], History] = {}
+_KEEP = 4

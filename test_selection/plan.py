@@ -87,13 +87,15 @@ def make_plan(
     any_evidence = any(v > 0 for v in score.values())
     # the operator's always-run list is theirs to size; everything else fits the budget, the
     # tests the change edits or references first (by score), so a budget is never exceeded
-    chosen: list[Scored] = [s for s in order if _always(s)]
+    always = {s.test for s in order if _always(s)}
+    must = {s.test for s in order if s.mandatory}  # each read once: the evidence lists are long
+    chosen: list[Scored] = [s for s in order if s.test in always]
     spent = sum(durations[s.test] for s in chosen)
     if len(chosen) > limit_count or spent > limit_seconds:
         notes.append(f"{len(chosen)} always-run test(s) go beyond the {budget} budget")
     left_out = 0
     for item in order:
-        if not item.mandatory or _always(item):
+        if item.test not in must or item.test in always:
             continue
         cost = durations[item.test]
         if len(chosen) >= limit_count or spent + cost > limit_seconds:
@@ -107,7 +109,7 @@ def make_plan(
             "budget (the highest-scored did); a larger budget runs them"
         )
     for item in order:
-        if item.mandatory:
+        if item.test in must:
             continue
         if len(chosen) >= limit_count:
             break
