@@ -37,7 +37,14 @@ from test_selection.allocation import (
 from test_selection.git import GitError, Repo
 from test_selection.history import History
 from test_selection.learned import Ranker, fit
-from test_selection.rankers import Blend, FileRanker, FileScores, HistoryCounting, LearnedRanking
+from test_selection.rankers import (
+    Blend,
+    FileRanker,
+    FileScores,
+    HistoryCounting,
+    LearnedRanking,
+    WordsRanking,
+)
 from test_selection.test_bodies import diff_words, split_tests
 
 log = logging.getLogger("test_selection.backtest")
@@ -66,6 +73,9 @@ class Case:
     # test file -> (its tests before the commit, positions of the edited ones in the
     # within-file order the change's words give)
     truth: dict[str, tuple[int, tuple[int, ...]]]
+    words: frozenset[str] = frozenset()  # of its source change
+    # the tests of its test files as they were before it (the words ranking reads them)
+    before: dict[str, tuple[frozenset[str], ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -159,12 +169,15 @@ class RankingChoice:
     seconds: float = 0.0
     agent: AgentVerdict | None = None  # set by the selector (measured apart, cached apart)
 
-    def ranker(self, imports: dict[str, set[str]]) -> FileRanker:
-        counting = HistoryCounting()
-        if self.chosen == "history" or self.learned is None:
-            return counting
-        learned = LearnedRanking(self.learned, imports)
-        return learned if self.chosen == "learned" else Blend(counting, learned)
+    def ranker(
+        self,
+        imports: dict[str, set[str]],
+        words: frozenset[str],
+        tokens: Mapping[str, Sequence[frozenset[str]]],
+    ) -> FileRanker:
+        """The chosen ranking, for a change with these words over tests with these tokens."""
+        made = candidates(self.learned, imports, words, tokens)
+        return made.get(self.chosen) or made["history"]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -177,6 +190,30 @@ class RankingChoice:
             "candidates": [f.to_json() for f in self.figures],
             "agent": self.agent.note() if self.agent else None,
         }
+
+
+CANDIDATES = ("history", "learned", "blend", "history+words", "learned+words")
+
+
+def candidates(
+    fitted: Ranker | None,
+    imports: dict[str, set[str]],
+    words: frozenset[str],
+    tokens: Mapping[str, Sequence[frozenset[str]]],
+) -> dict[str, FileRanker]:
+    """Every candidate ranking (those needing the learned model only with a fit), by name,
+    in the order a tie goes to."""
+    counting = HistoryCounting()
+    read = WordsRanking(words, tokens)
+    out: dict[str, FileRanker] = {"history": counting}
+    if fitted is not None:
+        learned = LearnedRanking(fitted, imports)
+        out["learned"] = learned
+        out["blend"] = Blend(counting, learned)
+    out["history+words"] = Blend(counting, read, "history+words")
+    if fitted is not None:
+        out["learned+words"] = Blend(LearnedRanking(fitted, imports), read, "learned+words")
+    return out
 
 
 def _eligible(
@@ -282,6 +319,7 @@ def build_cases(
         sha = history.shas[index]
         change_words = words.get(sha, frozenset())
         truth: dict[str, tuple[int, tuple[int, ...]]] = {}
+        before_tokens: dict[str, tuple[frozenset[str], ...]] = {}
         for path, (old, new) in history.modified[index].items():
             if path not in universe or old not in contents or new not in contents:
                 continue
@@ -298,9 +336,10 @@ def build_cases(
                 if n in after and after[n].digest != body.digest
             )
             truth[path] = (len(names), tuple(edited))
+            before_tokens[path] = tuple(before[n].tokens for n in names)
         if truth:
             sources_here = frozenset(p for p in history.files[index] if not is_test(p))
-            cases.append(Case(index, sha, sources_here, truth))
+            cases.append(Case(index, sha, sources_here, truth, change_words, before_tokens))
     return cases
 
 
@@ -530,9 +569,12 @@ def choose(
     fraction: float,
     file_weight: float = FILE_WEIGHT,
     only: str | None = None,
+    tokens: Mapping[str, Sequence[frozenset[str]]] | None = None,
 ) -> RankingChoice:
     """Replay the candidates on the commits up to ``anchor`` and return the winner (or the
-    one named by ``only``), with its measured calibration."""
+    one named by ``only``), with its measured calibration. ``tokens``: each test file's
+    tests' tokens now (the replayed commits' own test files are read as they were)."""
+    tokens = tokens or {}
     started = time.perf_counter()
     files = sorted(sizes)
     universe = set(files)
@@ -555,41 +597,44 @@ def choose(
             seconds=time.perf_counter() - started,
         )
     shared = shared_calibration(cases)
-    candidates: list[FileRanker] = [counting]
     start = min(c.index for c in cases)
     rows: dict[int, list[list[float]]] = {}  # shared by both fits
     backtest_fit, why = fit(history, files, imports, is_test, until=start, rows_cache=rows)
     notes = []
-    if backtest_fit is None and only in ("learned", "blend"):
+    if backtest_fit is None and only in ("learned", "blend", "learned+words"):
         # asked for by name: learn from the replayed commits too (its figures flatter it)
         backtest_fit, why = fit(history, files, imports, is_test, until=anchor + 1, rows_cache=rows)
         if backtest_fit is not None:
             notes.append("the learned model was fitted on the replayed commits themselves")
-    if backtest_fit is not None:
-        learned = LearnedRanking(backtest_fit, imports)
-        candidates += [learned, Blend(counting, learned)]
-    else:
+    if backtest_fit is None:
         notes.append(f"the learned model could not be fitted before the backtest ({why})")
+    names = list(candidates(backtest_fit, imports, frozenset(), {}))
     if only is not None:
-        candidates = [c for c in candidates if c.name == only] or [counting]
+        names = [n for n in names if n == only] or ["history"]
     figures: list[Figures] = []
     calibrations: dict[str, Calibration] = {}
-    for candidate in candidates:
-        replayed = []
-        for case in cases:
-            scores = candidate.rank(history, case.index, set(case.sources), files)
-            replayed.append(buckets(scores, ranked(scores, files)))
+    replayed: dict[str, list[dict[str, int]]] = {name: [] for name in names}
+    descriptions: dict[str, str] = {}
+    for case in cases:
+        # each case's words, over the tests as they were before it
+        before = {**tokens, **case.before}
+        made = candidates(backtest_fit, imports, case.words, before)
+        for name in names:
+            scores = made[name].rank(history, case.index, set(case.sources), files)
+            replayed[name].append(buckets(scores, ranked(scores, files)))
+            descriptions[name] = made[name].description
+    for name in names:
         file_recall, test_recall, calibration = _evaluate(
-            replayed, cases, sizes, shared, fraction, file_weight
+            replayed[name], cases, sizes, shared, fraction, file_weight
         )
-        figures.append(Figures(candidate.name, candidate.description, file_recall, test_recall))
-        calibrations[candidate.name] = calibration
+        figures.append(Figures(name, descriptions[name], file_recall, test_recall))
+        calibrations[name] = calibration
     best = figures[0]
     for fig in figures[1:]:
         if fig.objective > best.objective + TIE:
             best = fig
     live = None
-    if best.name != counting.name:
+    if "learned" in best.name:
         live, _why = fit(history, files, imports, is_test, until=anchor + 1, rows_cache=rows)
         if live is None:  # cannot happen when the earlier fit worked; stay safe
             best = figures[0]

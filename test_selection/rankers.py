@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -135,15 +135,62 @@ def rank_positions(scores: dict[str, float], test_files: Sequence[str]) -> dict[
     return {f: r for r, f in enumerate(order)}
 
 
+class WordsRanking:
+    """Test files by how much their tests use the change's words (rare ones across the
+    whole suite count more): a file's score is its best test's. History cannot place a new
+    test file, or one that never changed with these sources; what its tests call can."""
+
+    name = "words"
+    description = "the change's words in the tests"
+
+    def __init__(self, words: frozenset[str], tokens: Mapping[str, Sequence[frozenset[str]]]):
+        self.words = words
+        self.tokens = tokens  # test file -> its tests' tokens, as they were before the change
+
+    def rank(
+        self,
+        history: History,
+        at: int,
+        sources: set[str],
+        test_files: Sequence[str],
+        explain: bool = False,
+    ) -> FileScores:
+        words = self.words
+        shared: dict[str, list[frozenset[str]]] = {}
+        frequency: dict[str, int] = defaultdict(int)
+        total = 0
+        for test in test_files:
+            found = [toks & words for toks in self.tokens.get(test, ())]
+            total += len(found)
+            shared[test] = found
+            for hit in found:
+                for word in hit:
+                    frequency[word] += 1
+        weight = {w: math.log((total + 1) / (c + 0.5)) for w, c in frequency.items()}
+        scores: dict[str, float] = {}
+        reasons: dict[str, str] = {}
+        for test in test_files:
+            best: frozenset[str] = frozenset()
+            score = 0.0
+            for hit in shared[test]:
+                value = sum(weight[w] for w in hit)
+                if value > score:
+                    score, best = value, hit
+            scores[test] = score
+            if explain and score > 0:
+                rare = sorted(best, key=lambda w: -weight[w])[:4]
+                reasons[test] = f"a test of it uses {', '.join(rare)}"
+        return FileScores(scores, reasons)
+
+
 class Blend:
-    """Both rankings at once: files ordered by the mean log of their two ranks, so a file
+    """Two rankings at once: files ordered by the mean log of their two ranks, so a file
     either ranking puts near the top stays near it."""
 
-    name = "blend"
-    description = "history counting and learned model, blended"
-
-    def __init__(self, first: FileRanker, second: FileRanker) -> None:
+    def __init__(self, first: FileRanker, second: FileRanker, name: str = "blend") -> None:
         self.parts = (first, second)
+        self.name = name
+        self.description = f"{first.description} and {second.description}, blended"
 
     def rank(
         self,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,6 +16,7 @@ from test_selection.agents import Agent, LocalAgent, NoAgent, Review
 from test_selection.allocation import FILE_WEIGHT, file_values, idf_order
 from test_selection.backtest import (
     AGENT_REMEASURE,
+    CANDIDATES,
     MIN_CASES,
     ChoiceCache,
     RankingChoice,
@@ -98,7 +99,7 @@ def spec_universe(
 
 # what the backtest-chosen ranking replaces: files by history, tests by the change's words
 RANKED_SIGNALS = frozenset({"co-change", "path-keywords", "references-change"})
-RANKINGS = ("auto", "history", "learned", "blend", "hand")
+RANKINGS = ("auto", *CANDIDATES, "hand")
 AGENT_FILES = 30  # an agent that runs reorders the tests of this many top-ranked files,
 AGENT_LIVE_TEXTS = 600  # reading at most this many tests (embeddings are kept across calls)
 
@@ -145,6 +146,7 @@ def _choose_ranking(
     fraction: float,
     config: SelectorConfig,
     specs: list[Path] | None,
+    tokens: dict[str, list[frozenset[str]]],
 ) -> tuple[RankingChoice, list[str]]:
     """The backtest's choice for this change's anchor, from the cache when it was made."""
     notes: list[str] = []
@@ -189,6 +191,7 @@ def _choose_ranking(
             fraction,
             config.file_weight,
             None if config.ranking == "auto" else config.ranking,
+            tokens,
         )
         cache.store(choice, config.file_weight)
     agent = config.agent
@@ -205,12 +208,19 @@ def _choose_ranking(
     return choice, notes
 
 
+def change_words(change: ChangeAnalysis) -> frozenset[str]:
+    """The words the backtest reads in past changes: their changed and hunk-context lines."""
+    return diff_words(
+        line for f in change.source_files for line in (*f.contexts, *f.removed, *f.added)
+    )
+
+
 def _ranked_evidence(
     choice: RankingChoice,
     history: History,
     change: ChangeAnalysis,
-    inventory: Inventory,
-    universe: set[TestId],
+    by_file: Mapping[str, list[TestFunction]],
+    tokens: Mapping[str, list[frozenset[str]]],
     imports: dict[str, set[str]],
     file_weight: float,
     similarity: Similarity | None = None,
@@ -218,21 +228,16 @@ def _ranked_evidence(
     """Every universe test's value under the chosen ranking (``allocation.py``), with why.
     With ``similarity`` (an agent that earned its place) the top files' word order is
     blended with what the agent reads in the change."""
-    by_file: dict[str, list[TestFunction]] = defaultdict(list)
-    for fn in inventory.tests():
-        if fn.id in universe:
-            by_file[fn.id.file].append(fn)
     files = sorted(by_file)
     sources = {f.path for f in change.source_files} | {
         f.old_path for f in change.source_files if f.old_path
     }
-    scores = choice.ranker(imports).rank(history, len(history.files), sources, files, True)
+    words = change_words(change)
+    scores = choice.ranker(imports, words, tokens).rank(
+        history, len(history.files), sources, files, True
+    )
     order = ranked(scores, files)
     file_buckets = buckets(scores, order)
-    # the words the backtest read in past changes: their changed and hunk-context lines
-    words = diff_words(
-        line for f in change.source_files for line in (*f.contexts, *f.removed, *f.added)
-    )
     calibration = choice.calibration
     hunks = [
         f"{f.path}\n{f.hunk_text}" for f in (change.source_files or change.files) if f.hunk_text
@@ -348,18 +353,23 @@ def select(
     if ranking_name != "hand" and heuristics is None:
         history = History.read(repo, change.base, config.history_commits)
         lap("history")
-        sizes = Counter(t.file for t in universe)
+        by_file: dict[str, list[TestFunction]] = defaultdict(list)
+        for fn in inventory.tests():
+            if fn.id in universe:
+                by_file[fn.id.file].append(fn)
         imports = {p: set(f.imports) for p, f in inventory.files.items()}
+        tokens = {path: [fn.tokens for fn in tests] for path, tests in by_file.items()}
         choice, cache_notes = _choose_ranking(
             repo,
             history,
             change,
-            dict(sizes),
+            {path: len(tests) for path, tests in by_file.items()},
             imports,
             layout,
             _fraction(config.budget, len(universe), durations),
             config,
             specs,
+            tokens,
         )
         notes += cache_notes
         lap("backtest")
@@ -373,8 +383,8 @@ def select(
                 choice,
                 history,
                 change,
-                inventory,
-                universe,
+                by_file,
+                tokens,
                 imports,
                 config.file_weight,
                 config.agent.similarities

@@ -106,7 +106,7 @@ def test_select_uses_the_ranking_that_wins_on_the_repositorys_own_history(
     ranking = plan.ranking
     assert ranking["chosen"] == winner, ranking
     figures = {c["ranking"]: c for c in ranking["candidates"]}
-    assert set(figures) == {"history", "learned", "blend"}
+    assert set(figures) == {"history", "learned", "blend", "history+words", "learned+words"}
     best = figures[winner]["file_recall"] + figures[winner]["edited_test_recall"]
     assert all(best >= c["file_recall"] + c["edited_test_recall"] for c in figures.values()), (
         figures
