@@ -55,6 +55,10 @@ MIN_CASES = 12  # fewer: too little history to choose, the prior ranking is used
 REFIT_EVERY = 50  # commits of history an anchor serves
 MAX_CASE_FILES = 60  # a larger commit is a sweep, not a change and its tests
 TIE = 0.005  # a candidate must beat the earlier (simpler) ones by this much
+SPREAD, WHOLE = "spread", "whole"  # allocation.py's rule, or whole files in rank order
+# the winner may not find fewer edited test files, or fewer edited tests, than history
+# counting taking whole files (the plain baseline) did on the same commits, by more than
+TOLERANCE = 0.02
 AGENT_CASES = 12  # newest commits (that edited existing tests) an agent is measured on
 AGENT_TEXTS = 800  # tests of those commits' files it reads in all
 AGENT_NEW_TEXTS = 200  # of which one selection reads at most this many new ones: the
@@ -86,15 +90,21 @@ class Figures:
     description: str
     file_recall: float
     test_recall: float
+    allocation: str = SPREAD
 
     @property
     def objective(self) -> float:
         return self.file_recall + self.test_recall
 
+    @property
+    def label(self) -> str:
+        return self.description + (", whole files" if self.allocation == WHOLE else "")
+
     def to_json(self) -> dict[str, Any]:
         return {
             "ranking": self.name,
-            "description": self.description,
+            "allocation": self.allocation,
+            "description": self.label,
             "file_recall": round(self.file_recall, 4),
             "edited_test_recall": round(self.test_recall, 4),
         }
@@ -168,6 +178,7 @@ class RankingChoice:
     reason: str = ""
     seconds: float = 0.0
     agent: AgentVerdict | None = None  # set by the selector (measured apart, cached apart)
+    allocation: str = SPREAD
 
     def ranker(
         self,
@@ -182,6 +193,7 @@ class RankingChoice:
     def to_json(self) -> dict[str, Any]:
         return {
             "chosen": self.chosen,
+            "allocation": self.allocation,
             "description": self.description,
             "reason": self.reason,
             "backtest_commits": self.cases,
@@ -506,20 +518,36 @@ def allocate_counts(
     return counts
 
 
+def whole_counts(order: Sequence[str], sizes: Mapping[str, int], budget: float) -> dict[str, int]:
+    """Whole files in rank order until the budget is spent (the last one in part): what the
+    plan takes under the whole-files rule."""
+    left = round(budget)
+    counts: dict[str, int] = {}
+    for f in order:
+        if left <= 0:
+            break
+        take = min(sizes.get(f, 0), left)
+        if take:
+            counts[f] = take
+            left -= take
+    return counts
+
+
 def _evaluate(
-    ranked: list[dict[str, int]],
+    ranked: list[tuple[list[str], dict[str, int]]],
     cases: Sequence[Case],
     sizes: Mapping[str, int],
     shared: Calibration,
     fraction: float,
     file_weight: float,
+    allocation: str = SPREAD,
 ) -> tuple[float, float, Calibration]:
     """File and edited-test recall of one ranking over the cases, each case planned with
     the rank chances measured on the *other* cases (no case grades itself)."""
     hits: dict[int, float] = defaultdict(float)
     seen: dict[int, float] = defaultdict(float)
     own: list[tuple[dict[int, float], dict[int, float]]] = []
-    for case, file_buckets in zip(cases, ranked, strict=True):
+    for case, (_order, file_buckets) in zip(cases, ranked, strict=True):
         h: dict[int, float] = defaultdict(float)
         s: dict[int, float] = defaultdict(float)
         for f, b in file_buckets.items():
@@ -532,7 +560,7 @@ def _evaluate(
         for b, v in s.items():
             seen[b] += v
     found_files = truth_files = found_tests = truth_tests = 0
-    for case, file_buckets, (h, s) in zip(cases, ranked, own, strict=True):
+    for case, (order, file_buckets), (h, s) in zip(cases, ranked, own, strict=True):
         loo = Calibration(
             {b: hits[b] - h.get(b, 0.0) for b in hits},
             {b: seen[b] - s.get(b, 0.0) for b in seen},
@@ -542,7 +570,10 @@ def _evaluate(
         case_sizes = dict(sizes)
         case_sizes.update({f: n for f, (n, _e) in case.truth.items()})
         total = sum(case_sizes.get(f, 0) for f in file_buckets)
-        counts = allocate_counts(file_buckets, case_sizes, loo, fraction * total, file_weight)
+        if allocation == WHOLE:
+            counts = whole_counts(order, case_sizes, fraction * total)
+        else:
+            counts = allocate_counts(file_buckets, case_sizes, loo, fraction * total, file_weight)
         for f, (_n, edited) in case.truth.items():
             if f not in file_buckets:
                 continue
@@ -613,7 +644,7 @@ def choose(
         names = [n for n in names if n == only] or ["history"]
     figures: list[Figures] = []
     calibrations: dict[str, Calibration] = {}
-    replayed: dict[str, list[dict[str, int]]] = {name: [] for name in names}
+    replayed: dict[str, list[tuple[list[str], dict[str, int]]]] = {name: [] for name in names}
     descriptions: dict[str, str] = {}
     for case in cases:
         # each case's words, over the tests as they were before it
@@ -621,17 +652,26 @@ def choose(
         made = candidates(backtest_fit, imports, case.words, before)
         for name in names:
             scores = made[name].rank(history, case.index, set(case.sources), files)
-            replayed[name].append(buckets(scores, ranked(scores, files)))
+            order = ranked(scores, files)
+            replayed[name].append((order, buckets(scores, order)))
             descriptions[name] = made[name].description
-    for name in names:
-        file_recall, test_recall, calibration = _evaluate(
-            replayed[name], cases, sizes, shared, fraction, file_weight
-        )
-        figures.append(Figures(name, descriptions[name], file_recall, test_recall))
-        calibrations[name] = calibration
-    best = figures[0]
+    for allocation in (WHOLE, SPREAD):
+        for name in names:
+            file_recall, test_recall, calibration = _evaluate(
+                replayed[name], cases, sizes, shared, fraction, file_weight, allocation
+            )
+            figures.append(Figures(name, descriptions[name], file_recall, test_recall, allocation))
+            calibrations[f"{name}/{allocation}"] = calibration
+    # the plain baseline (history counting, whole files) comes first: ties go to it, and
+    # nothing that falls short of it on either figure is taken
+    reference = figures[0]
+    best = reference
     for fig in figures[1:]:
-        if fig.objective > best.objective + TIE:
+        if (
+            fig.file_recall >= reference.file_recall - TOLERANCE
+            and fig.test_recall >= reference.test_recall - TOLERANCE
+            and fig.objective > best.objective + TIE
+        ):
             best = fig
     live = None
     if "learned" in best.name:
@@ -642,15 +682,15 @@ def choose(
         f"chosen by backtest on {len(cases)} past commit(s) up to {anchor_sha[:12]} at "
         f"{fraction:.0%} of the tests: "
         + "; ".join(
-            f"{f.description} found {f.file_recall:.0%} of edited test files, "
+            f"{f.label} found {f.file_recall:.0%} of edited test files, "
             f"{f.test_recall:.0%} of edited tests"
             for f in figures
         )
     )
     return RankingChoice(
         best.name,
-        best.description,
-        calibrations[best.name],
+        best.label,
+        calibrations[f"{best.name}/{best.allocation}"],
         live,
         figures,
         len(cases),
@@ -658,6 +698,7 @@ def choose(
         fraction,
         "; ".join([reason, *notes]),
         time.perf_counter() - started,
+        allocation=best.allocation,
     )
 
 

@@ -13,11 +13,12 @@ from reuse_specs.matching import TestVariant, decide
 from reuse_specs.modes import Mode
 from reuse_specs.upstream_check import find_drift
 from test_selection.agents import Agent, LocalAgent, NoAgent, Review
-from test_selection.allocation import FILE_WEIGHT, file_values, idf_order
+from test_selection.allocation import FILE_WEIGHT, file_values, idf_order, whole_file_values
 from test_selection.backtest import (
     AGENT_REMEASURE,
     CANDIDATES,
     MIN_CASES,
+    WHOLE,
     ChoiceCache,
     RankingChoice,
     Similarity,
@@ -248,7 +249,10 @@ def _ranked_evidence(
         tests = by_file[path]
         n = len(tests)
         p = calibration.p_file(file_buckets[path])
-        values = file_values(p, calibration.expected_edited(n), n, calibration, file_weight)
+        if choice.allocation == WHOLE:
+            values = whole_file_values(p, rank, n)
+        else:
+            values = file_values(p, calibration.expected_edited(n), n, calibration, file_weight)
         within, word_scores = idf_order([(fn.tokens, fn.lines) for fn in tests], words)
         if similarity is not None and rank < AGENT_FILES and 1 < n <= agent_texts:
             within = blend_orders(within, similarity(hunks, [fn.source for fn in tests]))

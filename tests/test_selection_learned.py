@@ -84,7 +84,8 @@ def test_the_reason_names_each_features_contribution(tmp_path: Path) -> None:
     assert plan.ranking["chosen"] == "learned"
     top = max(plan.selected, key=lambda p: p.score)
     ranking = [e for e in top.evidence if e.source == "ranking"]
-    assert ranking and "by learned model (learned score " in ranking[0].reason
+    assert ranking and "by learned model" in ranking[0].reason
+    assert "(learned score " in ranking[0].reason
     assert any(name in ranking[0].reason for name in FEATURES)
     assert {e.source for p in plan.selected for e in p.evidence}.isdisjoint(
         {"co-change", "path-keywords", "references-change"}  # inside the ranking now
