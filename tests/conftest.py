@@ -23,13 +23,50 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_SPECS = REPO_ROOT / "reuse_specs" / "specs"
 CONTAINER_FIXTURES = frozenset({"engine"})  # a Podman client on the runner image
 BROWSER_FIXTURES = frozenset({"browser", "watched"})
+# what runs upstream tests in a real pytest session (or torch's op samples in a child):
+# whole modules, module fixtures, and single tests; the --quick loop leaves them out
+UPSTREAM_MODULES = frozenset(
+    f"tests/test_{name}.py"
+    for name in (
+        "spyre_emu_backend",
+        "labels",
+        "input_generation",
+        "op_includes",
+        "profile_parity",
+        "hardware_generic",
+        "cpu_move",
+        "collection_errors",
+        "real_tree",
+    )
+)
+UPSTREAM_FIXTURES = frozenset({"triaged", "shard_run"})
+UPSTREAM_TESTS = frozenset(
+    {
+        "tests/test_nightly.py::test_the_nightly_runs_once_a_day_and_reports_as_crcr_expects",
+        "tests/test_upgrade.py::test_upgrade_on_the_sample_upstream",
+        "tests/test_spyre_emu.py::test_second_process_opening_the_device_gets_a_clear_error",
+        "tests/test_cli_specs.py::test_spec_drift_never_blocks_a_run",
+        "tests/test_workflows.py::test_the_dispatch_job_on_a_closed_pull_request_reports_skipped",
+    }
+)
+
+
+def _module_scoped(item: pytest.Item) -> bool:
+    """Whether the test uses a fixture set up once per module (a served relay, a finished
+    run, a browser): such a module stays on one xdist worker, so it is set up once."""
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = info.name2fixturedefs.values() if info is not None else ()
+    return any(d.scope in ("module", "class") for defs in definitions for d in defs)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark what needs a container image or a browser (``scripts/test.sh --quick`` leaves
     them out): a test run once per runtime with ``container``, or one using a fixture that
-    needs either; tests that start their own say so with the marker themselves."""
+    needs either; tests that start their own say so with the marker themselves. Tests of a
+    module with module-scoped set-up share an xdist group; the rest spread over workers."""
     for item in items:
+        if _module_scoped(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
         spec = getattr(item, "callspec", None)
         names = set(getattr(item, "fixturenames", ()))
         if (spec is not None and "container" in list(spec.params.values())) or (
@@ -38,6 +75,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.container)
         if names & BROWSER_FIXTURES:
             item.add_marker(pytest.mark.browser)
+        module, _, _rest = item.nodeid.partition("::")
+        if (
+            module in UPSTREAM_MODULES
+            or names & UPSTREAM_FIXTURES
+            or item.nodeid.split("[", 1)[0] in UPSTREAM_TESTS
+        ):
+            item.add_marker(pytest.mark.slow)
 
 
 def worker_index() -> int:
