@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-FILE_WEIGHT = 0.3  # chosen leave-one-repository-out on six histories (bench/README.md)
+FILE_WEIGHT = 0.1  # chosen leave-one-repository-out on six histories (bench/README.md)
 NO_EVIDENCE = -1  # the rank bucket of files a ranking gives no score at all
 _DECILES = 10
 
