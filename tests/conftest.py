@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,6 +89,17 @@ def worker_index() -> int:
     """This pytest-xdist worker's number (0 without xdist): per-worker resources by name."""
     name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     return int(name.removeprefix("gw")) if name.removeprefix("gw").isdigit() else 0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each xdist worker gets its own emulated Spyre card (the card serves one process at a
+    time): tests on different workers that run upstream tests on it never meet on its lock.
+    Child processes inherit the folder; a test that sets its own keeps it."""
+    if os.environ.get("SPYRE_EMU_LOCK_DIR", "").strip():
+        return
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    folder = Path(tempfile.gettempdir()) / f"spyre-emu-{os.getuid()}-pytest-{worker}"
+    os.environ["SPYRE_EMU_LOCK_DIR"] = str(folder)
 
 
 @pytest.fixture(scope="session")
