@@ -212,7 +212,7 @@ def misses(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("repos", nargs="+", help="clones of the histories (the yardstick writes refs)")
+    ap.add_argument("repos", nargs="*", help="clones of the histories (the yardstick writes refs)")
     ap.add_argument("--commits", type=int, default=200)
     ap.add_argument("--yardstick", default=str(YARDSTICK))
     ap.add_argument("--file-weights", default=",".join(str(w) for w in FILE_WEIGHTS))
@@ -238,6 +238,8 @@ def main() -> int:
         keys = set.intersection(*(set(r["rows"][0]["results"]) for r in results if r["rows"]))
         weights = tuple(sorted({float(k[1:].split("@")[0]) for k in keys if k.startswith("w")}))
     else:
+        if not args.repos:
+            ap.error("name at least one history to replay (or --load saved runs)")
         if not Path(args.yardstick).is_file():
             print(f"the yardstick is missing: {args.yardstick}", file=sys.stderr)
             return 2
