@@ -693,9 +693,14 @@ def test_markup_in_stored_data_is_escaped_on_every_page(relay: Relay, store: Sto
 
 
 def test_page_queries_do_not_grow_with_rows(relay: Relay, store: Store) -> None:
-    """No N+1: the same number of SQL statements for 2 commits as for 12."""
+    """No N+1: the same number of SQL statements for 2 commits as for 12. Each page is
+    counted three times and the fewest kept: a statement another thread of the app runs
+    meanwhile (CI under load once saw one) only ever adds to a count."""
 
     def statements(url: str) -> int:
+        return min(statements_once(url) for _ in range(3))
+
+    def statements_once(url: str) -> int:
         seen: list[str] = []
 
         def count(*args: Any) -> None:

@@ -255,7 +255,7 @@ def test_worker_killed_mid_task_still_completes_exactly_once(cluster: Cluster) -
                     == 1
                 )
 
-        _wait(shard_running, 120, "the shard to start\n" + cluster.logs())
+        _wait(shard_running, 300, "the shard to start\n" + cluster.logs())
         cluster.kill9(first)  # the worker and the test process it started
         cluster.start_worker()
         _wait(cluster.completed, 240, "the run to complete after the kill\n" + cluster.logs())
