@@ -60,6 +60,7 @@ def _module_scoped(item: pytest.Item) -> bool:
     return any(d.scope in ("module", "class") for defs in definitions for d in defs)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its hook names them)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark what needs a container image or a browser (``scripts/test.sh --quick`` leaves
     them out): a test run once per runtime with ``container``, or one using a fixture that
