@@ -65,9 +65,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark what needs a container image or a browser (``scripts/test.sh --quick`` leaves
     them out): a test run once per runtime with ``container``, or one using a fixture that
     needs either; tests that start their own say so with the marker themselves. Tests of a
-    module with module-scoped set-up share an xdist group; the rest spread over workers."""
+    module with module-scoped set-up share an xdist group (unless the module sets
+    ``SPREAD_OVER_WORKERS``: its set-up is cheap next to its tests); the rest spread."""
     for item in items:
-        if _module_scoped(item):
+        if _module_scoped(item) and not getattr(
+            getattr(item, "module", None), "SPREAD_OVER_WORKERS", False
+        ):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
         spec = getattr(item, "callspec", None)
         names = set(getattr(item, "fixturenames", ()))

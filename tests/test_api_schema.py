@@ -104,18 +104,18 @@ AUTH = {
 }
 
 
-@schema.parametrize()
-@settings(
-    # bench/fuzz.py runs more through FUZZ_SCHEMA_EXAMPLES
-    max_examples=int(os.environ.get("FUZZ_SCHEMA_EXAMPLES", "40")),
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
-def test_every_endpoint_keeps_its_schema(
-    case: schemathesis.Case, relay_app: tuple[RelayContext, FastAPI]
-) -> None:
+# the endpoints in four parts, each its own test: xdist spreads them over workers (each
+# worker sets up its own relay, see SPREAD_OVER_WORKERS) and none runs for minutes
+PARTS = {
+    "webhooks": "^/webhooks/",
+    "api-writes": "^/api/(crcr|upgrades)",
+    "api-reads": "^/api/(?!crcr|upgrades)",
+    "pages": "^/(?!webhooks/|api/)",
+}
+SPREAD_OVER_WORKERS = True  # the module's set-up is cheap next to its fuzzing
+
+
+def _fuzz(case: schemathesis.Case, relay_app: tuple[RelayContext, FastAPI]) -> None:
     rt, _ = relay_app
     before = fuzzing.row_counts(rt)
     headers = AUTH.get(case.path) if case.method == "POST" else None
@@ -135,6 +135,56 @@ def test_every_endpoint_keeps_its_schema(
             case.path,
             response.status_code,
         )
+
+
+FUZZ_SETTINGS = settings(
+    # bench/fuzz.py runs more through FUZZ_SCHEMA_EXAMPLES
+    max_examples=int(os.environ.get("FUZZ_SCHEMA_EXAMPLES", "40")),
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+@schema.include(path_regex=PARTS["webhooks"]).parametrize()
+@FUZZ_SETTINGS
+def test_every_webhook_endpoint_keeps_its_schema(
+    case: schemathesis.Case, relay_app: tuple[RelayContext, FastAPI]
+) -> None:
+    _fuzz(case, relay_app)
+
+
+@schema.include(path_regex=PARTS["api-writes"]).parametrize()
+@FUZZ_SETTINGS
+def test_every_api_endpoint_that_writes_keeps_its_schema(
+    case: schemathesis.Case, relay_app: tuple[RelayContext, FastAPI]
+) -> None:
+    _fuzz(case, relay_app)
+
+
+@schema.include(path_regex=PARTS["api-reads"]).parametrize()
+@FUZZ_SETTINGS
+def test_every_other_api_endpoint_keeps_its_schema(
+    case: schemathesis.Case, relay_app: tuple[RelayContext, FastAPI]
+) -> None:
+    _fuzz(case, relay_app)
+
+
+@schema.include(path_regex=PARTS["pages"]).parametrize()
+@FUZZ_SETTINGS
+def test_every_page_and_the_metrics_keep_their_schema(
+    case: schemathesis.Case, relay_app: tuple[RelayContext, FastAPI]
+) -> None:
+    _fuzz(case, relay_app)
+
+
+def test_the_parts_cover_every_endpoint_once(api_schema: BaseOpenAPISchema) -> None:
+    """Fuzzing in parts must leave no path out and fuzz none twice."""
+    import re
+
+    for path in api_schema.raw_schema["paths"]:
+        assert sum(bool(re.search(rx, path)) for rx in PARTS.values()) == 1, path
 
 
 def test_the_schema_documents_every_route(api_schema: BaseOpenAPISchema) -> None:
