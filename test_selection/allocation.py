@@ -168,36 +168,21 @@ def whole_file_values(p_file: float, rank: int, tests: int) -> Any:
     return p_file * (1.0 - 1e-6 * rank) * (1.0 - 1e-9 * np.arange(tests))
 
 
-def _idf_scores(tests: Sequence[tuple[frozenset[str], int]], words: frozenset[str]) -> list[float]:
-    """Each test's sum over the words it shares with ``words``, rare words (in this file)
-    counting more."""
-    if not words:
-        return [0.0] * len(tests)
-    frequency: dict[str, int] = {}
-    for toks, _lines in tests:
-        for word in toks & words:
-            frequency[word] = frequency.get(word, 0) + 1
-    n = len(tests)
-    weight = {w: math.log((n + 1) / (c + 0.5)) for w, c in frequency.items()}
-    return [sum(weight[w] for w in toks & words) for toks, _lines in tests]
-
-
 def idf_order(
-    tests: Sequence[tuple[frozenset[str], int]],
-    words: frozenset[str],
-    names: frozenset[str] = frozenset(),
+    tests: Sequence[tuple[frozenset[str], int]], words: frozenset[str]
 ) -> tuple[list[int], list[float]]:
     """A file's tests ordered by the change's words they use, rare words (in this file)
-    counting more, plus (as much again at most) the names of the functions and classes the
-    change touches; then longer tests first (they are edited more often). Returns the order
-    (indexes into ``tests``) and each test's score.
-
-    The names term was measured on six histories (newest 100 commits each): edited tests
-    came earlier in their file on five and no later on the sixth."""
-    word_scores = _idf_scores(tests, words)
-    name_scores = _idf_scores(tests, names)
-    top_words = max(word_scores, default=0.0) or 1.0
-    top_names = max(name_scores, default=0.0) or 1.0
-    scores = [w / top_words + d / top_names for w, d in zip(word_scores, name_scores, strict=True)]
+    counting more; then longer tests first (they are edited more often). Returns the order
+    (indexes into ``tests``) and each test's word score."""
+    if not words:
+        scores = [0.0] * len(tests)
+    else:
+        frequency: dict[str, int] = {}
+        for toks, _lines in tests:
+            for word in toks & words:
+                frequency[word] = frequency.get(word, 0) + 1
+        n = len(tests)
+        weight = {w: math.log((n + 1) / (c + 0.5)) for w, c in frequency.items()}
+        scores = [sum(weight[w] for w in toks & words) for toks, _lines in tests]
     order = sorted(range(len(tests)), key=lambda i: (-scores[i], -tests[i][1], i))
     return order, scores

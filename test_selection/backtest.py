@@ -45,11 +45,11 @@ from test_selection.rankers import (
     LearnedRanking,
     WordsRanking,
 )
-from test_selection.test_bodies import defined_names, diff_words, split_tests
+from test_selection.test_bodies import diff_words, split_tests
 
 log = logging.getLogger("test_selection.backtest")
 
-FORMAT = 2  # 2: the within-file order also reads the names a change touches
+FORMAT = 1
 BACKTEST_CASES = 60  # the most recent commits replayed
 MIN_CASES = 12  # fewer: too little history to choose, the prior ranking is used
 REFIT_EVERY = 50  # commits of history an anchor serves
@@ -253,12 +253,10 @@ def _eligible(
 
 def _case_words(
     repo: Repo, history: History, indexes: list[int], sources: set[str]
-) -> dict[str, tuple[frozenset[str], frozenset[str]]]:
-    """The words of each case's source change, and the names it defines or touches."""
+) -> dict[str, frozenset[str]]:
+    """The words of each case's source change."""
     diffs = _case_diffs(repo, history, indexes, sources)
-    return {
-        sha: (diff_words(lines), defined_names(lines)) for sha, (lines, _hunks) in diffs.items()
-    }
+    return {sha: diff_words(lines) for sha, (lines, _hunks) in diffs.items()}
 
 
 def _case_diffs(
@@ -331,7 +329,7 @@ def build_cases(
     cases = []
     for index in indexes:
         sha = history.shas[index]
-        change_words, change_names = words.get(sha, (frozenset(), frozenset()))
+        change_words = words.get(sha, frozenset())
         truth: dict[str, tuple[int, tuple[int, ...]]] = {}
         before_tokens: dict[str, tuple[frozenset[str], ...]] = {}
         for path, (old, new) in history.modified[index].items():
@@ -341,7 +339,7 @@ def build_cases(
             after = split_tests(contents[new].decode("utf-8", "replace"))
             names = list(before)
             order, _scores = idf_order(
-                [(before[n].tokens, before[n].lines) for n in names], change_words, change_names
+                [(before[n].tokens, before[n].lines) for n in names], change_words
             )
             position = {names[i]: k for k, i in enumerate(order)}
             edited = sorted(
@@ -389,7 +387,7 @@ def measure_agent(
     commits = set()
     for case in sample:
         lines, hunks = diffs.get(case.sha, ([], []))
-        words, defined = diff_words(lines), defined_names(lines)
+        words = diff_words(lines)
         for path in case.truth:
             old, new = history.modified[case.index][path]
             if old not in contents or new not in contents:
@@ -403,9 +401,7 @@ def measure_agent(
             if not edited or len(names) < 2 or read + len(names) > AGENT_TEXTS:
                 continue
             read += len(names)
-            order, _scores = idf_order(
-                [(before[n].tokens, before[n].lines) for n in names], words, defined
-            )
+            order, _scores = idf_order([(before[n].tokens, before[n].lines) for n in names], words)
             files.append((hunks, [before[n].head for n in names], order, edited))
             commits.add(case.sha)
     pending = reader.embed_ahead([t for _h, texts, _o, _e in files for t in texts], AGENT_NEW_TEXTS)

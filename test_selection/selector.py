@@ -43,7 +43,7 @@ from test_selection.inventory import (
 from test_selection.layout import EmptyUniverse, Layout, detect_layout
 from test_selection.observations import Learned, Observation, learn
 from test_selection.plan import durations_for, make_plan
-from test_selection.test_bodies import defined_names, diff_words
+from test_selection.test_bodies import diff_words
 from test_selection.types import Budget, Evidence, Scored, TestId, TestPlan
 
 
@@ -209,11 +209,11 @@ def _choose_ranking(
     return choice, notes
 
 
-def change_words(change: ChangeAnalysis) -> tuple[frozenset[str], frozenset[str]]:
-    """What the backtest reads in past changes, from their changed and hunk-context lines:
-    the words, and the names of the functions and classes they touch."""
-    lines = [line for f in change.source_files for line in (*f.contexts, *f.removed, *f.added)]
-    return diff_words(lines), defined_names(lines)
+def change_words(change: ChangeAnalysis) -> frozenset[str]:
+    """The words the backtest reads in past changes: their changed and hunk-context lines."""
+    return diff_words(
+        line for f in change.source_files for line in (*f.contexts, *f.removed, *f.added)
+    )
 
 
 def _ranked_evidence(
@@ -233,7 +233,7 @@ def _ranked_evidence(
     sources = {f.path for f in change.source_files} | {
         f.old_path for f in change.source_files if f.old_path
     }
-    words, defined = change_words(change)
+    words = change_words(change)
     scores = choice.ranker(imports, words, tokens).rank(
         history, len(history.files), sources, files, True
     )
@@ -253,7 +253,7 @@ def _ranked_evidence(
             values = whole_file_values(p, rank, n)
         else:
             values = file_values(p, calibration.expected_edited(n), n, calibration, file_weight)
-        within, word_scores = idf_order([(fn.tokens, fn.lines) for fn in tests], words, defined)
+        within, word_scores = idf_order([(fn.tokens, fn.lines) for fn in tests], words)
         if similarity is not None and rank < AGENT_FILES and 1 < n <= agent_texts:
             within = blend_orders(within, similarity(hunks, [fn.source for fn in tests]))
             agent_texts -= n

@@ -79,23 +79,6 @@ def diff_words(lines: Iterable[str]) -> frozenset[str]:
     return _with_parts(words)
 
 
-_DEFINED = re.compile(r"\b(?:def|class)\s+([A-Za-z_]\w*)")
-
-
-def defined_names(lines: Iterable[str]) -> frozenset[str]:
-    """The names of the functions and classes a change touches (a ``def``/``class`` on a
-    changed line or in a hunk's context header), with the words in them: a test that uses
-    them reaches the change more surely than one sharing any of its words."""
-    names: set[str] = set()
-    budget = MAX_DIFF_CHARS
-    for line in lines:
-        names.update(_DEFINED.findall(line[:budget]))
-        budget -= len(line)
-        if budget <= 0:
-            break
-    return _with_parts(names)
-
-
 @dataclass(frozen=True)
 class TestBody:
     """One test function of one file version."""

@@ -11,19 +11,13 @@ import pytest
 
 from test_selection import backtest, selector
 from test_selection.agents import LocalAgent
-from test_selection.allocation import Calibration, idf_order
+from test_selection.allocation import Calibration
 from test_selection.backtest import MIN_CASES, ChoiceCache, build_cases
 from test_selection.git import Repo
 from test_selection.history import History
 from test_selection.inventory import is_test_path
 from test_selection.selector import SelectorConfig, select
-from test_selection.test_bodies import (
-    defined_names,
-    diff_words,
-    edited_tests,
-    split_tests,
-    tokens,
-)
+from test_selection.test_bodies import edited_tests, split_tests
 from test_selection.types import Budget
 from tests.gitrepo import GitRepo
 
@@ -201,26 +195,6 @@ def test_test_bodies_match_what_changed() -> None:
     assert edited_tests(before, before.replace("[1, 2]", "[1, 3]")) == {"TestA::test_x"}
     assert edited_tests(before, before.replace("return a", "return a + 1")) == {"test_sig"}
     assert edited_tests(before, before + "\n\ndef test_new():\n    pass\n") == set()
-
-
-def test_within_a_file_tests_using_the_functions_the_change_touches_come_first() -> None:
-    diff = [
-        " def compute_loss(self, batch):",  # a hunk's context header
-        "-    return self.scale * batch.mean()",
-        "+    return self.scale * batch.sum() / len(batch)",
-    ]
-    assert {"compute_loss", "compute", "loss"} <= defined_names(diff)
-    assert "batch" not in defined_names(diff)  # used by the change, not defined by it
-    tests = [  # (the test's words, its lines), as a file's tests would be
-        (tokens("batch = make(); model.scale = 2; check(batch.mean(), batch.sum(), len(batch))"), 9),
-        (tokens("assert model.compute_loss(make()) > 0"), 3),
-        (tokens("assert other()"), 20),
-    ]
-    words = diff_words(diff)
-    by_words, _ = idf_order(tests, words)
-    by_both, scores = idf_order(tests, words, defined_names(diff))
-    assert by_words[0] == 0  # more of the change's words, but none of its names
-    assert by_both[0] == 1 and scores[2] == 0.0 and by_both[-1] == 2  # longest, yet no word
 
 
 def test_default_layout_is_pytests_own_and_skips_hidden_and_build_folders() -> None:
