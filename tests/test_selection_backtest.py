@@ -131,10 +131,14 @@ def test_a_named_ranking_is_used_and_too_little_history_keeps_the_hand_weights(
         repo.commit(
             f"c{n}", {"pkg/a.py": f"x = {n}\n", "tests/test_a.py": f"def test_a():\n    x = {n}\n"}
         )
-    plan, _ = _select_hiding_tests(repo, SelectorConfig(cache_dir=tmp_path / "cache"))
+    config = SelectorConfig(cache_dir=tmp_path / "cache", agent=LocalAgent(tmp_path / "cache"))
+    plan, _ = _select_hiding_tests(repo, config)
     notes = " ".join(plan.notes)
     assert f"({MIN_CASES} needed)" in notes and "the hand weights rank the tests" in notes
     assert plan.ranking == {}
+    # the agent has not shown it helps here: it steps aside, its model never loaded
+    assert plan.agent == "none" and "local agent skipped: too little history" in notes
+    assert not (tmp_path / "cache" / "embeddings").exists()
     assert any(e.source == "co-change" for p in plan.selected for e in p.evidence)
 
 
