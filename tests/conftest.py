@@ -52,6 +52,22 @@ UPSTREAM_TESTS = frozenset(
 )
 
 
+def _group(item: pytest.Item) -> str:
+    """The xdist group of a test with module-scoped set-up: its module, and the parameter of
+    each parametrized module-scoped fixture it uses. Each fixture instance (the fault suite
+    in the sandbox, the same in a container) is set up on one worker, and different
+    instances run on different workers at the same time."""
+    group = item.nodeid.split("::", 1)[0]
+    spec = getattr(item, "callspec", None)
+    info = getattr(item, "_fixtureinfo", None)
+    if spec is None or info is None:
+        return group
+    for name, defs in sorted(info.name2fixturedefs.items()):
+        if defs and defs[-1].scope in ("module", "class") and name in spec.indices:
+            group += f"|{name}#{spec.indices[name]}"
+    return group
+
+
 def _module_scoped(item: pytest.Item) -> bool:
     """Whether the test uses a fixture set up once per module (a served relay, a finished
     run, a browser): such a module stays on one xdist worker, so it is set up once."""
@@ -71,7 +87,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if _module_scoped(item) and not getattr(
             getattr(item, "module", None), "SPREAD_OVER_WORKERS", False
         ):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+            item.add_marker(pytest.mark.xdist_group(_group(item)))
         spec = getattr(item, "callspec", None)
         names = set(getattr(item, "fixturenames", ()))
         if (spec is not None and "container" in list(spec.params.values())) or (
