@@ -138,8 +138,16 @@ class AgentVerdict:
     commits: int
     seconds: float
     pending: int = 0  # tests still to read before it can be judged
+    # not measured in a selection that replayed the ranking's backtest (the two together
+    # took a first selection on a large history past 20 s): the next selection measures it
+    deferred: bool = False
 
     def note(self) -> str:
+        if self.deferred:
+            return (
+                f"the {self.agent} agent was skipped: it is measured from the next selection "
+                "on (this one replayed the ranking's backtest)"
+            )
         if self.pending:
             return (
                 f"the {self.agent} agent was skipped while it is measured: {self.pending} "

@@ -19,6 +19,7 @@ from test_selection.backtest import (
     CANDIDATES,
     MIN_CASES,
     WHOLE,
+    AgentVerdict,
     ChoiceCache,
     RankingChoice,
     Similarity,
@@ -181,6 +182,7 @@ def _choose_ranking(
     choice, warning = cache.load(anchor_sha, fraction, config.file_weight)
     if warning:
         notes.append(warning)
+    backtested_now = choice is None
     if choice is None:
         choice = choose(
             repo,
@@ -201,7 +203,9 @@ def _choose_ranking(
         verdict, warning = cache.load_agent(agent.name, history.shas[at] if at >= 0 else "")
         if warning:
             notes.append(warning)
-        if verdict is None:
+        if verdict is None and backtested_now:
+            verdict = AgentVerdict(agent.name, False, 0.0, 0.0, 0, 0, 0.0, deferred=True)
+        elif verdict is None:
             verdict = measure_agent(repo, history, at, set(sizes), is_test, agent)
             if not verdict.pending:
                 cache.store_agent(history.shas[at] if at >= 0 else "", verdict)

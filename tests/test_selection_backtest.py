@@ -401,11 +401,18 @@ def test_the_agents_verdict_is_measured_once_for_the_next_commits(
     repo = _agent_history(tmp_path)
     agent = _CountingReader(tmp_path / "cache")
     config = SelectorConfig(budget=Budget.parse("30%"), cache_dir=tmp_path / "cache", agent=agent)
+    first, _ = select(
+        repo.path, "HEAD~2", "HEAD~1", None, config, exclude_paths={"tests/test_m.py"}
+    )
+    # the first selection replays the ranking's backtest: the agent waits for the next one
+    assert agent.texts == 0 and first.agent == "none"
+    assert any("measured from the next selection on" in n for n in first.notes), first.notes
     plan, _ = select(repo.path, "HEAD~2", "HEAD~1", None, config, exclude_paths={"tests/test_m.py"})
     measured = agent.texts
     assert measured > 0
     skipped = [n for n in plan.notes if n.startswith("the local agent was skipped: on ")]
     assert skipped and plan.agent == "none"
+    # a new ranking anchor (its backtest runs again) reuses the agent's verdict
     again, _ = select(repo.path, "HEAD~1", "HEAD", None, config, exclude_paths={"tests/test_m.py"})
     assert agent.texts == measured  # the verdict of the commit before serves
     assert again.ranking["anchor"] != plan.ranking["anchor"]
