@@ -225,14 +225,14 @@ def candidates(
     in the order a tie goes to."""
     counting = HistoryCounting()
     read = WordsRanking(words, tokens)
+    learned = LearnedRanking(fitted, imports) if fitted is not None else None
     out: dict[str, FileRanker] = {"history": counting}
-    if fitted is not None:
-        learned = LearnedRanking(fitted, imports)
+    if learned is not None:
         out["learned"] = learned
         out["blend"] = Blend(counting, learned)
     out["history+words"] = Blend(counting, read, "history+words")
-    if fitted is not None:
-        out["learned+words"] = Blend(LearnedRanking(fitted, imports), read, "learned+words")
+    if learned is not None:
+        out["learned+words"] = Blend(learned, read, "learned+words")
     return out
 
 

@@ -52,28 +52,28 @@ UPSTREAM_TESTS = frozenset(
 )
 
 
-def _group(item: pytest.Item) -> str:
-    """The xdist group of a test with module-scoped set-up: its module, and the parameter of
-    each parametrized module-scoped fixture it uses. Each fixture instance (the fault suite
-    in the sandbox, the same in a container) is set up on one worker, and different
-    instances run on different workers at the same time."""
+def _xdist_group(item: pytest.Item) -> str | None:
+    """The xdist group of a test that uses a fixture set up once per module (a served relay,
+    a finished run, a browser), so the set-up is paid once: its module, and the parameter of
+    each parametrized module-scoped fixture it uses, so different instances (the fault suite
+    in the sandbox, the same in a container) run on different workers at once. None for a
+    test without such set-up, or in a module that sets ``SPREAD_OVER_WORKERS``."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None or getattr(getattr(item, "module", None), "SPREAD_OVER_WORKERS", False):
+        return None
+    scoped = sorted(
+        name
+        for name, defs in info.name2fixturedefs.items()
+        if defs and defs[-1].scope in ("module", "class")
+    )
+    if not scoped:
+        return None
     group = item.nodeid.split("::", 1)[0]
     spec = getattr(item, "callspec", None)
-    info = getattr(item, "_fixtureinfo", None)
-    if spec is None or info is None:
-        return group
-    for name, defs in sorted(info.name2fixturedefs.items()):
-        if defs and defs[-1].scope in ("module", "class") and name in spec.indices:
+    for name in scoped:
+        if spec is not None and name in spec.indices:
             group += f"|{name}#{spec.indices[name]}"
     return group
-
-
-def _module_scoped(item: pytest.Item) -> bool:
-    """Whether the test uses a fixture set up once per module (a served relay, a finished
-    run, a browser): such a module stays on one xdist worker, so it is set up once."""
-    info = getattr(item, "_fixtureinfo", None)
-    definitions = info.name2fixturedefs.values() if info is not None else ()
-    return any(d.scope in ("module", "class") for defs in definitions for d in defs)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its hook names them)
@@ -84,10 +84,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     module with module-scoped set-up share an xdist group (unless the module sets
     ``SPREAD_OVER_WORKERS``: its set-up is cheap next to its tests); the rest spread."""
     for item in items:
-        if _module_scoped(item) and not getattr(
-            getattr(item, "module", None), "SPREAD_OVER_WORKERS", False
-        ):
-            item.add_marker(pytest.mark.xdist_group(_group(item)))
+        group = _xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
         spec = getattr(item, "callspec", None)
         names = set(getattr(item, "fixturenames", ()))
         if (spec is not None and "container" in list(spec.params.values())) or (
