@@ -18,10 +18,11 @@ import pytest
 import docker
 from ci_relay.execution.runtimes import PODMAN_SOCKET
 from ci_relay.execution.runtimes.container import (
-    OWNER_LABEL,
+    ShardContainer,
     owner_alive,
     process_owner,
     reap_orphaned_containers,
+    shard_containers,
 )
 
 # A stand-in worker: one shard container sleeping in a thread, then (mode "exit") a normal
@@ -32,7 +33,9 @@ WORKER = textwrap.dedent(
     from pathlib import Path
     import docker
     from ci_relay.execution.runtimes import Invocation, Limits, PODMAN_SOCKET
-    from ci_relay.execution.runtimes.container import OWNER_LABEL, ContainerRuntime, process_owner
+    from ci_relay.execution.runtimes.container import (
+        ContainerRuntime, process_owner, shard_containers,
+    )
 
     root, mode = Path(sys.argv[1]), sys.argv[2]
     (root / "up").mkdir(exist_ok=True)
@@ -49,8 +52,7 @@ WORKER = textwrap.dedent(
     thread = threading.Thread(target=shard, daemon=True)
     thread.start()
     client = docker.DockerClient(base_url=PODMAN_SOCKET)
-    mine = {"label": f"{OWNER_LABEL}={process_owner()}", "status": "running"}
-    while not client.containers.list(filters=mine):
+    while not any(c.state == "running" for c in shard_containers(client, process_owner())):
         time.sleep(0.2)
     print("running", flush=True)
     if mode == "wait":
@@ -79,12 +81,8 @@ def engine() -> Iterator[Any]:
     client.close()
 
 
-def _owned_by(client: Any, pid: int) -> list[Any]:
-    return [
-        c
-        for c in client.containers.list(all=True, filters={"label": OWNER_LABEL})
-        if c.labels[OWNER_LABEL].split(":")[1] == str(pid)
-    ]
+def _owned_by(client: Any, pid: int) -> list[ShardContainer]:
+    return [c for c in shard_containers(client) if c.owner.split(":")[1] == str(pid)]
 
 
 def _start_worker(tmp_path: Path, mode: str) -> subprocess.Popen[str]:
@@ -123,7 +121,7 @@ def test_a_killed_workers_containers_are_removed_by_the_next_one(
     proc = _start_worker(tmp_path, "wait")
     try:
         (container,) = _owned_by(engine, proc.pid)
-        assert owner_alive(container.labels[OWNER_LABEL]) is True
+        assert owner_alive(container.owner) is True
         assert container.name not in reap_orphaned_containers()  # its owner still runs
         assert [c.id for c in _owned_by(engine, proc.pid)] == [container.id]
     finally:
@@ -131,8 +129,8 @@ def test_a_killed_workers_containers_are_removed_by_the_next_one(
         proc.wait(timeout=60)
     (left,) = _owned_by(engine, proc.pid)  # SIGKILL runs no cleanup: the container stays
     left.reload()
-    assert left.status == "running"
-    assert owner_alive(left.labels[OWNER_LABEL]) is False
+    assert left.state == "running"
+    assert owner_alive(left.owner) is False
     assert container.name in reap_orphaned_containers()
     assert _owned_by(engine, proc.pid) == []
 

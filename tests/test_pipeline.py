@@ -412,7 +412,7 @@ def test_a_stopped_worker_stops_its_shard_container_and_the_next_worker_runs_it(
             try:
                 assert _post(port, slow, len(slow.commits) - 1, "stop-1") == 202
                 _wait(
-                    lambda: any(c.status == "running" for c in _owned_by(engine, first.pid)),
+                    lambda: any(c.state == "running" for c in _owned_by(engine, first.pid)),
                     180,
                     "the shard's container\n" + cluster.logs(),
                 )

@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,32 @@ def stop_shard_containers() -> int:
     return _live.remove_all()
 
 
+@dataclass(frozen=True)
+class ShardContainer:
+    """One labelled shard container as the engine listed it."""
+
+    id: str
+    name: str
+    state: str
+    owner: str
+
+
+def shard_containers(client: Any, owner: str | None = None) -> list[ShardContainer]:
+    """The shard containers the engine holds (of ``owner`` only, if given), from one
+    list call. ``client.containers.list`` inspects each listed container afterwards, and
+    Podman answers 500 for one removed in between; the list call's own fields suffice."""
+    label = OWNER_LABEL if owner is None else f"{OWNER_LABEL}={owner}"
+    return [
+        ShardContainer(
+            id=row["Id"],
+            name=(row.get("Names") or [""])[0].lstrip("/"),
+            state=row.get("State", ""),
+            owner=(row.get("Labels") or {}).get(OWNER_LABEL, ""),
+        )
+        for row in client.api.containers(all=True, filters={"label": label})
+    ]
+
+
 def reap_orphaned_containers(docker_host: str = PODMAN_SOCKET) -> list[str]:
     """Remove the shard containers of this host whose owning process is gone; their names.
 
@@ -133,11 +160,11 @@ def reap_orphaned_containers(docker_host: str = PODMAN_SOCKET) -> list[str]:
     client = docker.DockerClient(base_url=docker_host, timeout=60)
     removed = []
     try:
-        for container in client.containers.list(all=True, filters={"label": OWNER_LABEL}):
-            if owner_alive(container.labels.get(OWNER_LABEL, "")) is not False:
+        for container in shard_containers(client):
+            if owner_alive(container.owner) is not False:
                 continue
             with contextlib.suppress(docker.errors.NotFound):
-                container.remove(force=True)
+                client.api.remove_container(container.id, force=True)
                 removed.append(container.name)
     finally:
         client.close()
