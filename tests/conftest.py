@@ -113,12 +113,15 @@ def worker_index() -> int:
 def pytest_configure(config: pytest.Config) -> None:
     """Each xdist worker gets its own emulated Spyre card (the card serves one process at a
     time): tests on different workers that run upstream tests on it never meet on its lock.
-    Child processes inherit the folder; a test that sets its own keeps it."""
-    if os.environ.get("SPYRE_EMU_LOCK_DIR", "").strip():
+    Child processes inherit the folder; a folder the person running the suite set is kept.
+    The controller configures first and its workers inherit its environment, so a folder this
+    hook chose (its prefix) is replaced on each worker rather than taken as the person's."""
+    ours = Path(tempfile.gettempdir()) / f"spyre-emu-{os.getuid()}-pytest-"
+    current = os.environ.get("SPYRE_EMU_LOCK_DIR", "").strip()
+    if current and not current.startswith(str(ours)):
         return
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    folder = Path(tempfile.gettempdir()) / f"spyre-emu-{os.getuid()}-pytest-{worker}"
-    os.environ["SPYRE_EMU_LOCK_DIR"] = str(folder)
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    os.environ["SPYRE_EMU_LOCK_DIR"] = f"{ours}{worker}"
 
 
 @pytest.fixture(scope="session")
