@@ -2,16 +2,16 @@
 prediction matches what the emulator then does.
 
 1. Writes a spec listing every OpInfo name of the installed torch under ``supported_ops``
-   (``supported_dtypes``: float32, float16) and runs the parity check against a profile
-   (default: the bundled one). Baseline, same run: the same sample inputs without the
-   recording dispatch mode. Prints both and the ratio.
+   (``supported_dtypes``: ``--dtypes``, default float32, float16, bfloat16) and runs the
+   parity check against a profile (default: the bundled one). Baseline, same run: the same
+   sample inputs without the recording dispatch mode. Prints both and the ratio.
 2. Loads ``spyre_emu`` with that profile and runs the same samples on ``spyre:0``; an op the
    check says the profile refuses (an aten overload or a dtype) should raise
    ``UnsupportedOpError`` / ``UnsupportedDtypeError`` there, and one it says runs should
    not. Prints the agreement table and every disagreement.
 
 Needs only the installed torch (real data: PyTorch's own OpInfo database and sample inputs).
-Run: ``python bench/bench_profile_parity.py [--profile FILE] [--limit N]``.
+Run: ``python bench/bench_profile_parity.py [--profile FILE] [--limit N] [--dtypes A,B]``.
 """
 
 from __future__ import annotations
@@ -30,18 +30,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
-from reuse_specs.backends import get_backend
-from reuse_specs.profile_parity import check_profile_parity, first_samples, refused
-from spyre_emu.profile import PROFILE_ENV, load_profile_file
+from spyre_emu.profile import DEFAULT_PROFILE_FILE, PROFILE_ENV, load_profile_file
+from spyre_emu.spec_parity import check_profile_parity, first_samples, refused
 
 
-def _spec(names: list[str], folder: Path) -> Path:
+def _spec(names: list[str], dtypes: list[str], folder: Path) -> Path:
+    listed = ", ".join(f"{{name: {d}}}" for d in dtypes)
     lines = [
         "test_suite_config:",
         "  files:",
         "    - path: ${TORCH_ROOT}/test/test_ops.py",
         "  global:",
-        "    supported_dtypes: [{name: float32}, {name: float16}]",
+        f"    supported_dtypes: [{listed}]",
         "    supported_ops:",
         *(f"      - {name!r}" for name in names),
     ]
@@ -50,12 +50,12 @@ def _spec(names: list[str], folder: Path) -> Path:
     return path
 
 
-def _plain(ops: list[Any]) -> float:
+def _plain(ops: list[Any], dtypes: list[Any]) -> float:
     """The baseline: the same samples, no recording."""
     start = time.perf_counter()
     for opinfo in ops:
         supported = opinfo.supported_dtypes("cpu")
-        dtype = next((d for d in (torch.float32, torch.float16) if d in supported), None)
+        dtype = next((d for d in dtypes if d in supported), None)
         if dtype is None:
             continue
         try:
@@ -85,22 +85,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", type=Path, default=None)
     parser.add_argument("--limit", type=int, default=0, help="only the first N op names")
+    parser.add_argument(
+        "--dtypes",
+        default="float32,float16,bfloat16",
+        help="the spec's supported_dtypes, in the order ops are traced with (first supported)",
+    )
     args = parser.parse_args()
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     warnings.filterwarnings("ignore")  # upstream samples' deprecation notes drown the table
-    profile_path = args.profile or Path(get_backend("spyre-emu").env_defaults[PROFILE_ENV])
+    profile_path = args.profile or DEFAULT_PROFILE_FILE
     profile = load_profile_file(profile_path)
     names = sorted({op.name for op in op_db})
     if args.limit:
         names = names[: args.limit]
     ops = [op for op in op_db if op.name in set(names)]
-    print(f"torch {torch.__version__}: {len(names)} OpInfo names, {len(ops)} OpInfos")
+    print(
+        f"torch {torch.__version__}: {len(names)} OpInfo names, {len(ops)} OpInfos; profile "
+        f"{profile.name!r}; traced in the first of {', '.join(dtypes)} each op supports"
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
-        spec = _spec(names, Path(tmp))
+        spec = _spec(names, dtypes, Path(tmp))
         start = time.perf_counter()
         report = check_profile_parity([spec], profile, str(profile_path))
         checked = time.perf_counter() - start
-    plain = _plain(ops)
+    plain = _plain(ops, [getattr(torch, d) for d in dtypes])
     print(f"parity check {checked:.1f} s, plain samples {plain:.1f} s, ratio {checked / plain:.2f}")
     counts: dict[str, int] = {}
     for finding in report.findings:

@@ -89,7 +89,6 @@ BACKENDS: dict[str, Backend] = {
             "TORCH_TEST_DEVICES": str(_SPYRE_EMU_DEVICES),
             "PYTORCH_TESTING_DEVICE_ONLY_FOR": "privateuse1",
         },
-        env_defaults={"SPYRE_EMU_PROFILE": str(_SPYRE_DEVICES / "spyre_emu_profile.yaml")},
         processes_per_device=1,
         preflight=_spyre_emu_ready,
     ),

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from reuse_specs.errors import SourceLocation, SpecError, SpecErrors
 from reuse_specs.modes import Mode
+from reuse_specs.op_forms import opinfo_forms
 from reuse_specs.schema import (
     DtypeItem,
     GlobalConfig,
@@ -85,8 +86,11 @@ class FileRules:
     unresolved_token: str | None = None
 
     def supported_op(self, name: str) -> SupportedOp | None:
-        ops = self.global_config.supported_ops
-        return next((o for o in ops or () if o.name == name), None)
+        """The entry for OpInfo ``name``: one naming it exactly, else one naming it in a
+        short form (``gelu`` for ``nn.functional.gelu``, see :mod:`reuse_specs.op_forms`)."""
+        ops = self.global_config.supported_ops or ()
+        exact = next((o for o in ops if o.name == name), None)
+        return exact or next((o for o in ops if name in opinfo_forms(o.name)), None)
 
     def supported_module(self, name: str) -> SupportedModule | None:
         mods = self.global_config.supported_modules

@@ -5,30 +5,23 @@ tests a real Spyre card fails. A profile states the card's limits; the device
 enforces them loudly (an error naming the dtype or the operator), never by
 computing something the card could not.
 
-Default dtypes, and why:
-
-- ``float16``: Spyre's native compute format; first, so it is the preferred one.
-- ``float32``: torch-spyre accepts fp32 tensors at the host boundary and most
-  upstream tests default to it; without it almost nothing instantiates.
-- ``int64``: the dtype of every index, ``arange``, ``argmax``/``topk`` indices,
-  ``nonzero`` and ``randperm`` result. Spyre has no int64 arithmetic units, but
-  indices still have to exist on the device for indexing and gathers.
-- ``bool``: what every comparison and mask produces (``eq``, ``isclose`` inside
-  ``assertEqual``, ``where`` conditions).
-
-Left out: ``float64`` and complex types (no such units on the card),
-``bfloat16`` (not a Spyre compute format; add it in a profile to emulate a
-stack that converts), and the narrow integer types (``int8`` quantized paths
-are a separate flow, ``int32``/``uint8`` appear only in type-promotion tests).
+The default profile is :data:`DEFAULT_PROFILE_FILE`, written by ``ci-relay specs
+profile-from`` from torch-spyre's published support list (the ``global`` block of
+its ``upstream_tests_beta`` configs; the file records which one, at which commit,
+with its sha256). Regenerate it when that list changes (README, "The emulated
+Spyre device"). From the list it takes the dtypes: bfloat16, bool, float16,
+float32, int64 (``int64`` and ``bool`` are kept by every generated profile:
+indices and masks must exist on the device). It allows every op, because the
+list names what the team has tested to work, not everything the card runs, and
+refuses only :data:`NO_KERNEL_FAMILIES` (op families the list never names and the
+card has no kernels for) plus the list's ``force_xfail`` ops.
 
 Operators are aten names as they reach the device, i.e. after PyTorch's
 composite decompositions: ``torch.linalg.norm`` arrives as
 ``linalg_vector_norm``. A pattern matches ``add`` (every overload),
 ``add.Tensor`` (one overload) or ``aten::add``, with shell wildcards
 (``_fft_*``). ``supported_ops`` (when given) is an allowlist;
-``unsupported_ops`` removes ops from whatever is allowed. The default allows
-every op except families with no Spyre kernels: FFTs, dense linear-algebra
-factorizations and solvers, sparse layouts.
+``unsupported_ops`` removes ops from whatever is allowed.
 """
 
 from __future__ import annotations
@@ -47,9 +40,9 @@ from spyre_emu.errors import ProfileError
 
 PROFILE_ENV = "SPYRE_EMU_PROFILE"
 
-DEFAULT_DTYPES: tuple[Any, ...] = (torch.float16, torch.float32, torch.int64, torch.bool)
+DEFAULT_PROFILE_FILE = Path(__file__).with_name("default_profile.yaml")
 
-DEFAULT_UNSUPPORTED_OPS: frozenset[str] = frozenset(
+NO_KERNEL_FAMILIES: frozenset[str] = frozenset(
     {
         # FFTs
         "_fft_*",
@@ -80,6 +73,9 @@ DEFAULT_UNSUPPORTED_OPS: frozenset[str] = frozenset(
         "to_sparse*",
     }
 )
+"""Op families the card has no kernels for and torch-spyre's list never names: FFTs, dense
+factorizations and solvers, sparse layouts. A generated profile refuses them unless the
+spec it comes from supports one."""
 
 # Plumbing every backend has, whatever its kernels: allocation, copies in and
 # out, metadata-only views, reading a scalar. Allowed by any profile so that
@@ -104,7 +100,7 @@ ESSENTIAL_OPS: frozenset[str] = frozenset(
     }
 )
 
-_KEYS = {"name", "dtypes", "supported_ops", "unsupported_ops"}
+_KEYS = {"name", "source", "dtypes", "supported_ops", "unsupported_ops"}
 
 
 def _dtype(name: object, where: str) -> Any:
@@ -134,6 +130,43 @@ def _matches(patterns: frozenset[str], names: tuple[str, ...]) -> bool:
     return any(fnmatchcase(name, pattern) for pattern in patterns for name in names)
 
 
+def read_profile_data(file: Path) -> dict[str, Any]:
+    """A profile file's mapping, its keys checked (unknown keys are errors, not silence)."""
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProfileError(f"{file}: cannot read the profile: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{file}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ProfileError(f"{file}: a profile is a mapping, got {type(data).__name__}")
+    unknown = sorted(set(map(str, data)) - _KEYS)
+    if unknown:
+        raise ProfileError(f"{file}: unknown key(s) {unknown}; allowed: {sorted(_KEYS)}")
+    return data
+
+
+def _source(value: object, where: str) -> tuple[tuple[str, str], ...]:
+    """``source``: where a generated profile came from, as text pairs (only recorded)."""
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str | int) for k, v in value.items()
+    ):
+        raise ProfileError(f"{where}: source is a mapping of names to text, got {value!r}")
+    return tuple((k, str(v)) for k, v in value.items())
+
+
+_DEFAULT_DATA = read_profile_data(DEFAULT_PROFILE_FILE)
+DEFAULT_NAME: str = str(_DEFAULT_DATA["name"])
+DEFAULT_DTYPES: tuple[Any, ...] = tuple(
+    _dtype(d, f"{DEFAULT_PROFILE_FILE} dtypes") for d in _DEFAULT_DATA["dtypes"]
+)
+DEFAULT_UNSUPPORTED_OPS: frozenset[str] = _patterns(
+    _DEFAULT_DATA["unsupported_ops"], f"{DEFAULT_PROFILE_FILE} unsupported_ops"
+)
+
+
 @dataclass(frozen=True)
 class SpyreProfile:
     """The limits of the emulated card; equal profiles are interchangeable.
@@ -142,12 +175,16 @@ class SpyreProfile:
     card's preferred one); ``supported_ops`` is an allowlist of aten op
     patterns (None = every op); ``unsupported_ops`` patterns are refused even
     if allowed otherwise. See the module docstring for the pattern syntax.
+    Omitted, ``name``, ``dtypes`` and ``unsupported_ops`` are the default profile's, so
+    ``SpyreProfile()`` equals :data:`DEFAULT_PROFILE`.
+    ``source`` records where a generated profile came from; it decides nothing.
     """
 
-    name: str = "default"
+    name: str = DEFAULT_NAME
     dtypes: tuple[Any, ...] = DEFAULT_DTYPES
     supported_ops: frozenset[str] | None = None
     unsupported_ops: frozenset[str] = field(default=DEFAULT_UNSUPPORTED_OPS)
+    source: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         where = f"profile {self.name!r}"
@@ -180,29 +217,14 @@ class SpyreProfile:
         return not _matches(self.unsupported_ops, names)
 
 
-DEFAULT_PROFILE = SpyreProfile()
-
-
 def load_profile_file(path: str | os.PathLike[str]) -> SpyreProfile:
-    """Read a profile from YAML (keys: name, dtypes, supported_ops, unsupported_ops).
+    """Read a profile from YAML (keys: name, source, dtypes, supported_ops, unsupported_ops).
 
     Omitted keys keep the default profile's value; ``supported_ops: null`` (or
     omitting it) allows every op; unknown keys are errors, not silence.
     """
     file = Path(path)
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ProfileError(f"{file}: cannot read the profile: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{file}: not valid YAML: {exc}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ProfileError(f"{file}: a profile is a mapping, got {type(data).__name__}")
-    unknown = sorted(set(map(str, data)) - _KEYS)
-    if unknown:
-        raise ProfileError(f"{file}: unknown key(s) {unknown}; allowed: {sorted(_KEYS)}")
+    data = read_profile_data(file)
     kwargs: dict[str, Any] = {"name": str(data.get("name", file.stem))}
     if "dtypes" in data:
         if not isinstance(data["dtypes"], list):
@@ -212,10 +234,15 @@ def load_profile_file(path: str | os.PathLike[str]) -> SpyreProfile:
         kwargs["supported_ops"] = data["supported_ops"]
     if "unsupported_ops" in data:
         kwargs["unsupported_ops"] = data["unsupported_ops"] or ()
+    if "source" in data:
+        kwargs["source"] = _source(data["source"], str(file))
     try:
         return SpyreProfile(**kwargs)
     except ProfileError as exc:
         raise ProfileError(f"{file}: {exc}") from None
+
+
+DEFAULT_PROFILE = load_profile_file(DEFAULT_PROFILE_FILE)
 
 
 def profile_from_env() -> SpyreProfile:

@@ -392,9 +392,7 @@ def _refused_targets(profile: SpyreProfile, target: str) -> list[str]:
     base, _, overload = target.partition(".")
     packet = getattr(torch.ops.aten, base)
     overloads = [overload] if overload else packet.overloads()
-    return [
-        f"aten::{base}.{o}" for o in overloads if not profile.allows_op(f"aten::{base}", o)
-    ]
+    return [f"aten::{base}.{o}" for o in overloads if not profile.allows_op(f"aten::{base}", o)]
 
 
 def _unresolved(label: str, key: str, resolved: Unresolved, loc: SourceLocation) -> Finding:

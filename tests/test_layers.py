@@ -21,7 +21,11 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("test_selection", ("ci_relay",), "the selector is a library the relay uses"),
     ("reuse_specs", ("ci_relay",), "the spec library runs inside test processes"),
     ("spyre_emu", ("ci_relay",), "the emulator is a device, not part of the service"),
-    ("reuse_specs.devices.spyre_card", ("spyre_emu",), "the real card never needs the emulator"),
+    (
+        "reuse_specs",
+        ("spyre_emu",),
+        "the real card never needs the emulator: the emulator knows specs, not the reverse",
+    ),
     ("ci_relay.intake", HIGH, "intake hands work on through ci_relay.steps"),
     ("ci_relay.reporting", HIGH, "reporting reads stored facts, never the steps"),
     ("ci_relay.dashboard", HIGH, "pages read the store"),
@@ -91,6 +95,7 @@ def test_no_lower_part_imports_a_higher_one() -> None:
         ("ci_relay.reporting.build", "def f():\n    from ci_relay import pipeline\n"),
         ("test_selection.selector", "import ci_relay.settings\n"),
         ("reuse_specs.devices.spyre_card", "from spyre_emu.test_base import x\n"),
+        ("reuse_specs.matching", "def f():\n    from spyre_emu.profile import SpyreProfile\n"),
         ("ci_relay.dashboard.queries", "from ..service.tasks import app\n"),
     ],
 )

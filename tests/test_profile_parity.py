@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from reuse_specs.backends import get_backend
-from reuse_specs.profile_parity import Finding, check_profile_parity, trace_op
-from spyre_emu.profile import load_profile_file
+from spyre_emu.profile import DEFAULT_PROFILE_FILE, load_profile_file
+from spyre_emu.spec_parity import Finding, check_profile_parity, trace_op
 from tests.conftest import CliResult
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 BUNDLED_SPECS = Path(__file__).resolve().parents[1] / "reuse_specs" / "specs"
-BUNDLED_PROFILE = Path(get_backend("spyre-emu").env_defaults["SPYRE_EMU_PROFILE"])
+BUNDLED_PROFILE = DEFAULT_PROFILE_FILE
 
 
 def _write(path: Path, text: str) -> Path:
@@ -91,7 +90,7 @@ def test_an_op_whose_aten_kernel_the_profile_refuses_is_an_error_at_its_line(
     spec = _spec(
         tmp_path,
         """
-        supported_dtypes: [{name: float32}, {name: float16}]
+        supported_dtypes: [{name: float32}, {name: float16}, {name: bfloat16}]
         supported_ops:
           - abs
           - exp
@@ -112,7 +111,7 @@ def test_force_xfail_that_the_emulator_runs_anyway_is_a_warning(
     spec = _spec(
         tmp_path,
         """
-        supported_dtypes: [{name: float32}, {name: float16}]
+        supported_dtypes: [{name: float32}, {name: float16}, {name: bfloat16}]
         supported_ops: [{name: neg, force_xfail: true}]
         """,
     )
@@ -128,7 +127,9 @@ def test_force_xfail_that_the_emulator_runs_anyway_is_a_warning(
     assert _check(spec, profile) == []
 
 
-def test_unknown_op_and_module_names_are_errors(tmp_path: Path) -> None:
+def test_names_that_resolve_to_nothing_are_warnings_that_say_what_was_tried(
+    tmp_path: Path,
+) -> None:
     spec = _spec(
         tmp_path,
         """
@@ -137,21 +138,29 @@ def test_unknown_op_and_module_names_are_errors(tmp_path: Path) -> None:
         """,
         """
         - names: [TestX::test_y]
-          edits: {ops: {include: [{name: tanh}, {name: not_an_op}]}}
+          edits: {ops: {include: [{name: tanh}, {name: not_an_op}, {name: gelu}]}}
         """,
     )
-    errors = _only(_check(spec, _profile(tmp_path, "{}\n")), "error")
-    assert len(errors) == 3, errors
-    assert any("supported_ops lists 'no_such_op'" in e for e in errors)
-    assert any("supported_modules lists 'torch.nn.NoSuchModule'" in e for e in errors)
-    assert any("edits.ops.include names 'not_an_op'" in e for e in errors)
+    findings = _check(spec, _profile(tmp_path, "{}\n"))
+    assert _only(findings, "error") == []
+    warnings = _only(findings, "warning")
+    assert len(warnings) == 4, warnings
+    assert any(
+        "supported_ops lists 'no_such_op', which names no OpInfo, aten op or known card kernel" in w
+        and "tried OpInfo no_such_op, nn.functional.no_such_op" in w
+        for w in warnings
+    )
+    assert any("supported_modules lists 'torch.nn.NoSuchModule'" in w for w in warnings)
+    assert any("edits.ops.include lists 'not_an_op'" in w for w in warnings)
+    # a short name resolves, but includes take the full name: say which
+    assert any("(write 'nn.functional.gelu')" in w for w in warnings)
 
 
 def test_included_ops_and_modules_are_traced_too(tmp_path: Path) -> None:
     spec = _spec(
         tmp_path,
         """
-        supported_dtypes: [{name: float32}, {name: float16}]
+        supported_dtypes: [{name: float32}, {name: float16}, {name: bfloat16}]
         supported_modules: [torch.nn.Linear]
         """,
         """
@@ -200,7 +209,8 @@ def test_an_op_that_makes_a_dtype_the_profile_lacks_is_an_error(tmp_path: Path) 
         supported_ops: [frexp]
         """,
     )
-    errors = _only(_check(spec, _profile(tmp_path, "{}\n")), "error")
+    card = _profile(tmp_path, "dtypes: [float16, float32, int64, bool]\n")
+    errors = _only(_check(spec, card), "error")
     assert len(errors) == 1 and "op 'frexp' reaches dtype int32" in errors[0], errors
     with_int32 = _profile(tmp_path, "dtypes: [float16, float32, int64, bool, int32]\n")
     errors = _only(_check(spec, with_int32), "error")
@@ -211,14 +221,18 @@ def test_an_op_that_makes_a_dtype_the_profile_lacks_is_an_error(tmp_path: Path) 
 def test_the_profile_comes_from_the_emulators_own_variable(
     cli: Callable[..., CliResult], tmp_path: Path
 ) -> None:
-    """Without --profile, SPYRE_EMU_PROFILE as the emulator reads it ("default": its built-in
-    profile, which runs the sqrt and GELU the bundled specs force_xfail)."""
+    """Without --profile, SPYRE_EMU_PROFILE as the emulator reads it: "default" (or unset) is
+    the bundled default, a path is that file."""
     result = cli(
         "specs", "profile-check", BUNDLED_SPECS, "--strict", env={"SPYRE_EMU_PROFILE": "default"}
     )
-    assert result.code == 1, result.output
-    assert "profile 'default' (the built-in default)" in result.output
-    assert "op 'sqrt' has force_xfail" in result.output
+    assert result.code == 0, result.output
+    assert f"profile 'torch-spyre-published' ({DEFAULT_PROFILE_FILE})" in result.output
+    no_sqrt = _profile(tmp_path, "name: no-sqrt\nunsupported_ops: [sqrt]\n")
+    refused = cli("specs", "profile-check", BUNDLED_SPECS, env={"SPYRE_EMU_PROFILE": str(no_sqrt)})
+    assert refused.code == 1, refused.output
+    assert "op 'sqrt' reaches aten::sqrt.default" in refused.output
+    assert f"profile 'no-sqrt' ({no_sqrt})" in refused.output
     missing = cli(
         "specs", "profile-check", BUNDLED_SPECS, env={"SPYRE_EMU_PROFILE": str(tmp_path / "no")}
     )

@@ -258,7 +258,7 @@ def test_unsupported_dtype_on_the_device_raises(
     assert isinstance(info.value, TypeError) and isinstance(info.value, RuntimeError)
     message = str(info.value)
     assert re.search(r"dtype (float64|int32) is not supported on spyre:0", message)
-    assert "supports: float16, float32, int64, bool" in message
+    assert "supports: float16, bfloat16, float32, int64, bool" in message
 
 
 def test_op_outside_the_profile_raises_like_a_missing_kernel(spyre: Any) -> None:
@@ -274,13 +274,14 @@ def test_op_outside_the_profile_raises_like_a_missing_kernel(spyre: Any) -> None
 def test_loading_twice_is_idempotent_for_the_same_profile(spyre: Any) -> None:
     assert spyre_emu.load() is spyre
     assert spyre_emu.load(spyre_emu.SpyreProfile()) is spyre
+    assert spyre_emu.SpyreProfile() == spyre_emu.DEFAULT_PROFILE
     assert spyre_emu.loaded_profile() is spyre
 
 
 def test_loading_again_with_another_profile_raises(spyre: Any) -> None:
     other = spyre_emu.SpyreProfile(name="fp16-only", dtypes=("float16",))
     with pytest.raises(
-        spyre_emu.LoadError, match=r"already loaded .* profile 'default'.*'fp16-only'"
+        spyre_emu.LoadError, match=r"already loaded .* profile 'torch-spyre-published'.*'fp16-only'"
     ):
         spyre_emu.load(other)
     assert spyre_emu.loaded_profile() is spyre
@@ -599,3 +600,12 @@ def test_upstream_test_env_points_at_the_device_base_file() -> None:
     assert env["PYTORCH_TESTING_DEVICE_ONLY_FOR"] == "privateuse1"
     path = Path(env["TORCH_TEST_DEVICES"])
     assert path == REPO_ROOT / "spyre_emu" / "device_test_base.py" and path.is_file()
+
+
+def test_each_test_worker_has_its_own_emulated_card(request: pytest.FixtureRequest) -> None:
+    """tests/conftest.py gives each xdist worker its own lock folder; inheriting the
+    controller's would make upstream runs on two workers meet on one card (DeviceBusyError)."""
+    worker = getattr(request.config, "workerinput", {}).get("workerid", "main")
+    folder = os.environ[spyre_emu.LOCK_DIR_ENV]
+    if "-pytest-" in folder:  # not a folder the person running the suite chose
+        assert folder.endswith(f"-pytest-{worker}")

@@ -111,7 +111,8 @@ def specs_profile_check(
         Path | None,
         typer.Option(
             "--profile",
-            help="spyre-emu profile YAML (default: $SPYRE_EMU_PROFILE, else the bundled one).",
+            help="spyre-emu profile YAML (default: $SPYRE_EMU_PROFILE, else the bundled one, "
+            "which follows torch-spyre's published list).",
         ),
     ] = None,
     strict: Annotated[
@@ -121,17 +122,22 @@ def specs_profile_check(
     """Cross-check a spyre-emu profile against the specs' supported dtypes and ops.
 
     Errors: what the specs support but the profile refuses (fails on the emulator only),
-    profile dtypes no spec supports, op names PyTorch's OpInfo database lacks. Warnings:
-    force_xfail dtypes and ops the profile runs anyway (XPASS on the emulator). Each op is
-    traced to the aten overloads it reaches, with its own OpInfo sample inputs on the CPU.
+    profile dtypes no spec supports. Warnings: force_xfail dtypes and ops the profile runs
+    anyway (XPASS on the emulator), names that resolve to nothing (with what was tried).
+    OpInfo names (short forms too) are traced to the aten overloads they reach with their own
+    sample inputs on the CPU; aten names and the card's kernel names (spyre_emu's alias table)
+    are asked of the profile directly.
     """
     import os
 
-    from reuse_specs.backends import get_backend
-
     try:  # the emulator's profile and PyTorch's OpInfo database both need torch
         from spyre_emu.errors import ProfileError
-        from spyre_emu.profile import PROFILE_ENV, load_profile_file, profile_from_env
+        from spyre_emu.profile import (
+            DEFAULT_PROFILE_FILE,
+            PROFILE_ENV,
+            load_profile_file,
+            profile_from_env,
+        )
     except ImportError as exc:
         raise _fail(f"specs profile-check needs torch installed ({exc})") from None
 
@@ -147,15 +153,12 @@ def specs_profile_check(
     try:
         if profile_file is not None:
             chosen, profile = str(profile_file), load_profile_file(profile_file)
-        elif from_env:  # as the emulator reads it: "default" is its built-in profile
-            chosen = "the built-in default" if from_env == "default" else from_env
+        else:  # as the emulator reads it: unset or "default" is its bundled default
+            chosen = from_env if from_env not in ("", "default") else str(DEFAULT_PROFILE_FILE)
             profile = profile_from_env()
-        else:
-            chosen = get_backend("spyre-emu").env_defaults[PROFILE_ENV]
-            profile = load_profile_file(chosen)
     except ProfileError as exc:
         raise _fail(str(exc)) from None
-    from reuse_specs.profile_parity import check_profile_parity
+    from spyre_emu.spec_parity import check_profile_parity
 
     with err.status(f"tracing the specs' ops against profile {profile.name!r}…"):
         report = check_profile_parity(files, profile, chosen)
@@ -176,6 +179,57 @@ def specs_profile_check(
         err.print(f"[red]MISMATCH[/] {summary}", soft_wrap=True)
         raise typer.Exit(1)
     out.print(f"[green]OK[/] {summary}", soft_wrap=True)
+
+
+@specs_app.command("profile-from")
+def specs_profile_from(
+    spec: Annotated[Path, typer.Argument(help="A spec file whose global block lists the card.")],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Write the profile here instead of to stdout."),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="The profile's name (default: SPEC-published).")
+    ] = None,
+    origin: Annotated[
+        str | None,
+        typer.Option(help="Where the spec came from (repository@commit path), recorded."),
+    ] = None,
+) -> None:
+    """Write a spyre-emu profile from a spec's global block (e.g. torch-spyre's published
+    support list): its dtypes, every op but the families the card has no kernels for, and
+    its force_xfail ops refused; the spec's name, sha256 and origin recorded in the file.
+
+    Regenerates the bundled default: ``ci-relay specs profile-from
+    .../upstream_tests_beta/nn-test_init.yaml --name torch-spyre-published --origin
+    'torch-spyre/torch-spyre@COMMIT PATH' -o spyre_emu/default_profile.yaml``.
+    """
+    if spec.is_dir():
+        raise _fail(f"{spec} is a folder: give the one spec file to take the profile from")
+    try:
+        load_specs([spec])
+    except SpecErrors as exc:
+        _report_spec_errors(exc)
+        raise _fail(f"{len(exc.errors)} error(s) in the spec; no profile written") from None
+    try:
+        from spyre_emu.profile_from_spec import profile_from_spec
+    except ImportError as exc:
+        raise _fail(f"specs profile-from needs torch installed ({exc})") from None
+    with err.status("resolving the spec's op names…"):
+        try:
+            generated = profile_from_spec(spec, name, origin)
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
+    for note in generated.notes:
+        err.print(f"note: {note}", markup=False, soft_wrap=True)
+    if output is None:
+        typer.echo(generated.text, nl=False)
+        return
+    try:
+        output.write_text(generated.text, encoding="utf-8")
+    except OSError as exc:
+        raise _fail(f"cannot write {output}: {exc.strerror}") from None
+    err.print(f"wrote profile {generated.profile.name!r} to {output}", markup=False)
 
 
 @specs_app.command("show")
