@@ -18,6 +18,7 @@ import httpx
 
 from ci_relay.intake.signature import sign
 from ci_relay.sample_upstream import SampleUpstream, build_sample_upstream
+from ci_relay.service.processes import die_with_parent
 
 SAMPLE_REPOSITORY = "sample/pytorch"
 
@@ -108,6 +109,7 @@ class DemoRelay:
                 env=self.env(sample),
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,  # however the demo ends, its relay ends too
             )
 
     def wait_ready(self, timeout: float = 60) -> None:
@@ -124,10 +126,12 @@ class DemoRelay:
         raise TimeoutError("relay did not become ready")
 
     def stop(self) -> None:
+        """SIGTERM to the relay, which stops its worker (and the worker its shards); the
+        relay waits for its worker up to 30 s, so wait longer than that before a kill."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=30)
+                self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.process.kill()
 

@@ -46,6 +46,7 @@ def demo(
 
     relay, sample = new_demo(workdir.resolve())
     log_file = relay.workdir / "relay.log"
+    _stop_on_sigterm()
     out.print(f"sample upstream: {sample.path} ({len(sample.commits)} commits)")
     _say_demo_runtimes(relay.backends)
     relay.start(sample, log_file)
@@ -83,6 +84,17 @@ def demo(
         raise _fail(f"{exc} (see {log_file})", 1) from None
     finally:
         relay.stop()
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a service manager, ``kill``) stops the demo as Ctrl-C does, so its relay, the
+    relay's worker and the worker's shards are stopped too instead of being orphaned."""
+    import signal
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 @commands.command("serve")

@@ -40,7 +40,7 @@ def broker_reachable(settings: Settings) -> bool:
         return False
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: the embedded worker gets SIGTERM when the API process ends, however it ends.
 
     uvicorn re-raises the signal that stopped it, so cleanup code after it never runs.
@@ -58,7 +58,7 @@ def worker_process(
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A ``ci-relay worker`` child process, stopped (warm shutdown) on exit."""
     cmd = [sys.executable, "-m", "ci_relay", "worker", "--queues", queues]
-    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, preexec_fn=die_with_parent)
     try:
         yield proc
     finally:
@@ -103,13 +103,18 @@ def all_queues() -> str:
 
 def _stop_shards(**_: object) -> None:
     """Celery's shutdown began (SIGTERM, Ctrl-C, or the API of ``serve`` going away):
-    stop the running shard containers instead of waiting for shards that may take hours.
-    Their tasks end without a conclusion; the reconciler runs those shards again."""
+    stop the running shard containers and shard process trees (sandbox, local) instead of
+    waiting for shards that may take hours. Their tasks end without a conclusion; the
+    reconciler runs those shards again."""
     from ci_relay.execution.runtimes.container import stop_shard_containers
+    from ci_relay.execution.runtimes.process import stop_shard_processes
 
     stopped = stop_shard_containers()
     if stopped:
         log.warning("worker stopping: removed %d running shard container(s)", stopped)
+    killed = stop_shard_processes()
+    if killed:
+        log.warning("worker stopping: killed %d running shard process tree(s)", killed)
 
 
 def _reap_orphaned_shards(settings: Settings) -> None:

@@ -10,6 +10,7 @@ import selectors
 import signal
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -269,6 +270,50 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+class _LiveGroups:
+    """The process groups of this process's running shards (each shard starts a new
+    session, so a worker's own exit would leave them running): killed when the worker
+    stops, after which no new one starts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._groups: set[int] = set()
+        self.stopping = threading.Event()
+
+    def add(self, pgid: int) -> bool:
+        """Remember a started group; False (and the group killed) if the worker is stopping."""
+        with self._lock:
+            if not self.stopping.is_set():
+                self._groups.add(pgid)
+                return True
+        _kill_group(pgid)
+        return False
+
+    def discard(self, pgid: int) -> None:
+        with self._lock:
+            self._groups.discard(pgid)
+
+    def kill_all(self) -> int:
+        with self._lock:
+            self.stopping.set()
+            groups = sorted(self._groups)
+            self._groups.clear()
+        for pgid in groups:
+            _kill_group(pgid)
+        return len(groups)
+
+
+_live_groups = _LiveGroups()
+
+
+def stop_shard_processes() -> int:
+    """The worker is stopping (SIGTERM or Ctrl-C to it, or to the ``serve`` or ``demo`` that
+    started it): kill the process trees of the running sandbox and local shards now rather
+    than wait hours for them, and start no new ones. Their shard tasks end with
+    :class:`WorkerStopping`; the number of trees killed is returned."""
+    return _live_groups.kill_all()
+
+
 def _first_child(pid: int) -> int | None:
     try:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
@@ -289,6 +334,8 @@ def _run(
     until it ends, its wall-clock limit passes or its scratch folder goes over quota; the
     last two kill the whole tree. ``namespaced``: argv is bwrap, whose child's PID namespace
     holds every process of the sandbox (their deleted-but-open files count too)."""
+    if _live_groups.stopping.is_set():
+        raise WorkerStopping("the worker is shutting down: no new shard process")
     proc = subprocess.Popen(
         argv,
         env=env,
@@ -298,6 +345,17 @@ def _run(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    _live_groups.add(proc.pid)  # its session's group: the pid is the group id
+    try:
+        return _watch(proc, limits, scratch, namespaced)
+    finally:
+        _live_groups.discard(proc.pid)
+
+
+def _watch(
+    proc: subprocess.Popen[bytes], limits: Limits, scratch: Path, namespaced: bool
+) -> Completed:
+    """Read ``proc``'s output until it ends or a limit kills its tree (see :func:`_run`)."""
     assert proc.stdout is not None
     pipe = proc.stdout.fileno()
     os.set_blocking(pipe, False)
@@ -350,6 +408,8 @@ def _run(
                 drain_until = now + DRAIN_SECONDS
     proc.stdout.close()
     code = proc.wait()
+    if _live_groups.stopping.is_set():
+        raise WorkerStopping("the worker is shutting down; the shard's processes were killed")
     if timed_out or killed_for:
         code = -signal.SIGKILL
     return Completed(code, output.text(), timed_out, killed_for)
