@@ -120,8 +120,9 @@ def pytest_configure(config: pytest.Config) -> None:
     current = os.environ.get("SPYRE_EMU_LOCK_DIR", "").strip()
     if current and not current.startswith(str(ours)):
         return
-    worker = getattr(config, "workerinput", {}).get("workerid", "main")
-    os.environ["SPYRE_EMU_LOCK_DIR"] = f"{ours}{worker}"
+    given = getattr(config, "workerinput", {})  # xdist: this worker's id and the run's
+    run = given.get("testrunuid", str(os.getpid()))[:12]  # two suites on one machine differ
+    os.environ["SPYRE_EMU_LOCK_DIR"] = f"{ours}{run}-{given.get('workerid', 'main')}"
 
 
 @pytest.fixture(scope="session")

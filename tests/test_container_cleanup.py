@@ -18,6 +18,7 @@ import pytest
 import docker
 from ci_relay.execution.runtimes import PODMAN_SOCKET
 from ci_relay.execution.runtimes.container import (
+    ContainerRuntime,
     ShardContainer,
     owner_alive,
     process_owner,
@@ -74,7 +75,7 @@ WORKER = textwrap.dedent(
 def engine() -> Iterator[Any]:
     client = docker.DockerClient(base_url=PODMAN_SOCKET, timeout=60)
     try:
-        client.images.get("localhost/ci-relay-runner-cpu:latest")
+        client.images.get(ContainerRuntime("cpu").image)  # of this checkout's sources
     except docker.errors.ImageNotFound:
         pytest.fail("the cpu runner image is missing: ci-relay images build (.ci/run builds it)")
     yield client

@@ -460,7 +460,9 @@ def test_a_missing_runner_image_is_infra(sample_upstream: SampleUpstream, tmp_pa
     assert conclusion == "error"
     assert (verdict["category"], verdict["confidence"]) == ("infra", "high")
     assert tests == []  # nothing to rerun: the run itself could not test
-    assert "runner image localhost/ci-relay-runner-spyre:latest is missing" in verdict["summary"]
+    assert "runner image localhost/ci-relay-runner-spyre:src-" in verdict["summary"]
+    assert "is missing" in verdict["summary"]
+    assert "ci-relay images build --backend spyre" in verdict["summary"]
 
 
 SLOW_FAILURE = """

@@ -46,5 +46,8 @@ def images_build(
     targets = [f"runner-{b}" for b in backends] + (["relay"] if relay else [])
     if subprocess.run(["bash", str(script), str(root), *targets]).returncode:
         raise _fail("image build failed (see the messages above)", 1)
-    ready = ", ".join(f"localhost/ci-relay-{t}:latest" for t in targets)
-    out.print(f"image(s) ready: {ready}")
+    from ci_relay.source_digest import TAG_PREFIX, source_digest
+
+    tag = TAG_PREFIX + source_digest(root)  # what workers running these sources ask for
+    ready = ", ".join(f"localhost/ci-relay-{t}:{tag}" for t in targets)
+    out.print(f"image(s) ready: {ready} (also tagged :latest)")

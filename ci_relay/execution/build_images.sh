@@ -11,6 +11,8 @@ export CONTAINERS_CONF=${CONTAINERS_CONF:-$root/docker/containers.conf}
 work=${CI_RELAY_IMAGE_WORK:-/var/tmp/ci-relay-images}
 mkdir -p "$work"
 say() { echo "images: $*" >&2; }
+# the tag a worker asks for: the digest of the ci-relay sources the image runs
+src=$(PYTHONPATH="$root" python3 -m ci_relay.source_digest "$root")
 
 for target in "${targets[@]}"; do  # refuse before any slow step
   case $target in
@@ -82,11 +84,11 @@ build() {
     cp "$file" "$context/Containerfile"
     podman build -q --build-arg BASE="$base" "$@" -t "$image:$digest" "$context" >/dev/null
   fi
-  podman tag "$image:$digest" "$image:latest"
+  podman tag "$image:$digest" "$image:$src" "$image:latest"  # latest: for people, not workers
   built="$image:$digest"
   # older builds of this image are superseded: free their space (in use ones stay)
   podman images --format '{{.Repository}}:{{.Tag}}' "$image" \
-    | grep -v -e ":$digest\$" -e ':latest$' | xargs -r podman rmi >/dev/null 2>&1 || true
+    | grep -v -e ":$digest\$" -e ":$src\$" -e ':latest$' | xargs -r podman rmi >/dev/null 2>&1 || true
 }
 
 for target in "${targets[@]}"; do

@@ -47,6 +47,7 @@ from ci_relay.execution.runtimes.process import (
     shard_env,
 )
 from ci_relay.execution.runtimes.sandbox import _visible_as
+from ci_relay.source_digest import TAG_PREFIX, own_image_tag
 
 OWNER_LABEL = "ci-relay.shard-owner"
 """Label on every shard container: ``HOST:PID:START`` of the process that created it."""
@@ -186,8 +187,12 @@ class ContainerRuntime:
         backend: str = "cpu",
         docker_host: str = PODMAN_SOCKET,
         hidden: Sequence[Path] = (),
+        tag: str | None = None,
     ) -> None:
-        self.image = f"localhost/ci-relay-runner-{backend}:latest"
+        # the image of this process's own sources, never :latest (see ci_relay.source_digest)
+        self.backend = backend
+        self.repository = f"localhost/ci-relay-runner-{backend}"
+        self.image = f"{self.repository}:{tag or own_image_tag()}"
         self.docker_host = docker_host
         self.hidden = tuple(Path(p) for p in hidden)
         self._client: Any = None
@@ -212,9 +217,7 @@ class ContainerRuntime:
         try:
             self._docker().images.get(self.image)
         except docker.errors.ImageNotFound:
-            raise RuntimeUnavailable(
-                f"runner image {self.image} is missing: build it with `{BUILD_HINT}`"
-            ) from None
+            raise RuntimeUnavailable(self._missing_image()) from None
         with tempfile.TemporaryDirectory(prefix="ci-relay-probe-") as tmp:
             inv = Invocation(["true"], Path(tmp), Path(tmp), limits=Limits(scratch_mb=16))
             user, _owner = self._user()
@@ -224,6 +227,23 @@ class ContainerRuntime:
             finally:
                 with contextlib.suppress(docker.errors.APIError):
                     probe.remove(force=True)
+
+    def _missing_image(self) -> str:
+        """Why the image of these sources is missing, and the command that builds it."""
+        hint = f"`{BUILD_HINT} --backend {self.backend}`"
+        others = sorted(
+            tag.rpartition(":")[2]
+            for image in self._docker().images.list(name=self.repository)
+            for tag in image.tags
+            if tag.rpartition(":")[2].startswith(TAG_PREFIX)
+        )
+        if others:
+            return (
+                f"runner image {self.image} is missing: {self.repository} exists only as "
+                f"{', '.join(others)}, built from other ci-relay sources than this worker's; "
+                f"its shards would run other code. Build it from these sources with {hint}"
+            )
+        return f"runner image {self.image} is missing: build it with {hint}"
 
     def _user(self) -> tuple[str, tuple[int, int] | None]:
         """The container's user, and who must own scratch/work (None: it is already ours)."""

@@ -1,0 +1,54 @@
+"""Which ci-relay sources a runner image was built from, and which this process runs.
+
+A container shard runs the ci-relay code inside the runner image, not the worker's. If the
+two differ (the code changed and nobody ran ``ci-relay images build``), shards would silently
+run old code. So images are tagged ``src-<digest>`` with the digest of the sources they were
+built from, and a worker asks for the tag of its own sources: a missing tag is a clear error.
+
+The digest covers what the image installs and runs: the Python modules and the YAML/JSON data
+of the four packages (``__pycache__`` and the sample upstream's commit data left out), read
+the same way from a checkout (``images build``) and from an installed wheel (a worker in the
+relay image), so the two agree whenever the sources do. Kept free of heavy imports: the image
+build script runs it with only the checkout on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+PACKAGES = ("ci_relay", "reuse_specs", "spyre_emu", "test_selection")
+SUFFIXES = frozenset({".py", ".yaml", ".json"})
+SKIPPED = ("__pycache__", "ci_relay/sample_upstream/commits/")
+TAG_PREFIX = "src-"
+
+
+def source_digest(root: Path) -> str:
+    """16 hex digits over every source file's path and bytes below ``root`` (the folder that
+    holds the packages: a checkout, or site-packages)."""
+    digest = hashlib.sha256()
+    files = sorted(
+        path
+        for package in PACKAGES
+        for path in (root / package).rglob("*")
+        if path.suffix in SUFFIXES and path.is_file()
+    )
+    for path in files:
+        relative = path.relative_to(root).as_posix()
+        if any(skip in relative for skip in SKIPPED):
+            continue
+        digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def own_image_tag() -> str:
+    """The image tag of the sources this process runs (computed once per process)."""
+    return TAG_PREFIX + source_digest(Path(__file__).resolve().parent.parent)
+
+
+if __name__ == "__main__":  # the build script: python -m ci_relay.source_digest ROOT
+    import sys
+
+    print(TAG_PREFIX + source_digest(Path(sys.argv[1])))
