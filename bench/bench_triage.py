@@ -2,8 +2,8 @@
 takes as a share of the run's own, for 1, 10 and 50 failing tests.
 
 On a copy of the sample upstream, a PR adds nothing but a change to one helper that 1, 10
-or 50 device-generic tests call (``x * 2`` becomes ``torch.div(x, 0.5)``: the emulated card
-has no ``div``), among 100 tests that pass. The relay (SQLite, embedded, the steps run in
+or 50 device-generic tests call (``x * 2`` becomes an FFT round trip times 2: the emulated card
+has no FFT kernels), among 100 tests that pass. The relay (SQLite, embedded, the steps run in
 this process as a worker runs them) selects, runs the 100 tests on ``spyre-emu`` and
 collects; then its triage step reruns the failing ones at head, at the base and on cpu. The
 baseline, measured in the same run, is the run itself: its shards' device time.
@@ -56,7 +56,7 @@ test_suite_config:
 
 
 def _cases(failing: int, broken: bool) -> str:
-    helper = "torch.div(t, 0.5)" if broken else "t * 2"
+    helper = "torch.fft.irfft(torch.fft.rfft(t), n=t.shape[0]) * 2" if broken else "t * 2"
     lines = [
         "import torch",
         "from torch.testing._internal.common_device_type import instantiate_device_type_tests",

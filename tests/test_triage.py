@@ -197,9 +197,9 @@ class TestTriage(TestCase):
         t = torch.ones(3, device=device)
         self.assertEqual(scale(t).cpu(), torch.full((3,), 2.0))
 
-    def test_known_broken(self, device):
-        t = torch.ones(3, device=device)
-        self.assertEqual(torch.div(t, 2).cpu(), torch.full((3,), 0.5))
+    def test_known_broken(self, device):  # the card has no matrix inverse (no-kernel family)
+        halves = torch.linalg.inv(torch.eye(3, device=device) * 2).diagonal()
+        self.assertEqual(halves.cpu(), torch.full((3,), 0.5))
 
     def test_sometimes(self, device):
         seen = int(COUNTER.read_text()) if COUNTER.exists() else 0
@@ -259,8 +259,12 @@ def triaged(
     refs = (tmp / "upstream" / "torch" / "_refs" / "__init__.py").read_text()
     repo.commit("refs: a comment", {"torch/_refs/__init__.py": refs + "\n# one\n"}, dedent=False)
     breaking = repo.commit(
-        "scale by dividing",
-        {"test/test_triage_cases.py": cases.replace("return t * 2", "return torch.div(t, 0.5)")},
+        "scale through an FFT round trip",  # no FFT kernels on the card: spyre-only failure
+        {
+            "test/test_triage_cases.py": cases.replace(
+                "return t * 2", "return torch.fft.irfft(torch.fft.rfft(t), n=t.shape[0]) * 2"
+            )
+        },
         dedent=False,
     )
     head = repo.commit(
