@@ -99,6 +99,12 @@ def read_kernel_aliases(path: Path = KERNEL_ALIASES_FILE) -> dict[str, KernelAli
         )
         if not ok:
             raise ValueError(f"{path}: {name!r} needs exactly `aten: [op, ...]` and `why: text`")
+        unknown = [a for a in entry["aten"] if aten_target(a) is None]
+        if unknown:
+            raise ValueError(
+                f"{path}: {name!r} maps to {', '.join(f'aten::{a}' for a in unknown)}, which "
+                f"torch {torch.__version__} does not have"
+            )
         table[str(name)] = KernelAlias(tuple(entry["aten"]), entry["why"])
     return table
 

@@ -421,7 +421,10 @@ def test_a_shard_that_runs_none_of_its_tests_is_an_error_not_a_pass(tmp_path: Pa
 
 
 def test_missing_image_names_the_build_command() -> None:
-    with pytest.raises(RuntimeUnavailable, match="build it with `ci-relay images build`"):
+    with pytest.raises(
+        RuntimeUnavailable,
+        match=r":src-[0-9a-f]{16} is missing: build it with `ci-relay images build --backend no-such-backend`",
+    ):
         get_runtime("container", backend="no-such-backend")
 
 

@@ -126,6 +126,9 @@ def test_the_kernel_alias_table_is_checked(tmp_path: Path) -> None:
     bad.write_text("relufwd: {aten: relu}\n")
     with pytest.raises(ValueError, match="'relufwd' needs exactly"):
         read_kernel_aliases(bad)
+    bad.write_text("relufwd: {aten: [relu, no_such_op.Tensor], why: a typo}\n")
+    with pytest.raises(ValueError, match=r"'relufwd' maps to aten::no_such_op.Tensor, which torch"):
+        read_kernel_aliases(bad)
     names = OpNames([], {"mykernel": read_kernel_aliases()["relufwd"]})
     assert isinstance(names.resolve("mykernel"), AtenName)
     assert isinstance(names.resolve("add"), AtenName)  # no OpInfo database: aten answers
