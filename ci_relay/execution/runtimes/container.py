@@ -231,10 +231,10 @@ class ContainerRuntime:
     def _missing_image(self) -> str:
         """Why the image of these sources is missing, and the command that builds it."""
         hint = f"`{BUILD_HINT} --backend {self.backend}`"
-        others = sorted(
+        others = sorted(  # one list call: images.list inspects each image afterwards
             tag.rpartition(":")[2]
-            for image in self._docker().images.list(name=self.repository)
-            for tag in image.tags
+            for row in self._docker().api.images(name=self.repository)
+            for tag in row.get("RepoTags") or ()
             if tag.rpartition(":")[2].startswith(TAG_PREFIX)
         )
         if others:
