@@ -122,6 +122,16 @@ def aten_target(name: str) -> str | None:
     return name
 
 
+def opinfo_aten_targets(opinfos: tuple[Any, ...]) -> tuple[str, ...]:
+    """The aten ops OpInfos stand for without running them: each one's ``aten_name``
+    (``torch._scaled_mm`` is ``_scaled_mm``), else its short name (``softplus``)."""
+    found = (
+        aten_target(o.aten_name.removeprefix("torch.")) or aten_target(o.name.rpartition(".")[2])
+        for o in opinfos
+    )
+    return tuple(dict.fromkeys(a for a in found if a is not None))
+
+
 class OpNames:
     """Resolves spec op names against one torch's OpInfo databases and aten, and the alias
     table. Build once per check: the OpInfo databases take seconds to import."""

@@ -224,7 +224,11 @@ def load_profile_file(path: str | os.PathLike[str]) -> SpyreProfile:
     omitting it) allows every op; unknown keys are errors, not silence.
     """
     file = Path(path)
-    data = read_profile_data(file)
+    return _profile_from_data(read_profile_data(file), file)
+
+
+def _profile_from_data(data: dict[str, Any], file: Path) -> SpyreProfile:
+    """A profile from a file's checked mapping (see :func:`load_profile_file`)."""
     kwargs: dict[str, Any] = {"name": str(data.get("name", file.stem))}
     if "dtypes" in data:
         if not isinstance(data["dtypes"], list):
@@ -242,7 +246,7 @@ def load_profile_file(path: str | os.PathLike[str]) -> SpyreProfile:
         raise ProfileError(f"{file}: {exc}") from None
 
 
-DEFAULT_PROFILE = load_profile_file(DEFAULT_PROFILE_FILE)
+DEFAULT_PROFILE = _profile_from_data(_DEFAULT_DATA, DEFAULT_PROFILE_FILE)  # parsed once
 
 
 def profile_from_env() -> SpyreProfile:

@@ -27,7 +27,7 @@ import yaml
 
 from reuse_specs.schema import SpecFile, SupportedOp
 from reuse_specs.yaml_source import load_yaml
-from spyre_emu.op_names import AtenName, OpNames, Unresolved, aten_target, op_names
+from spyre_emu.op_names import AtenName, OpNames, Unresolved, op_names, opinfo_aten_targets
 from spyre_emu.profile import NO_KERNEL_FAMILIES, SpyreProfile, dtype_name
 
 ALWAYS_KEPT = ("int64", "bool")
@@ -52,11 +52,7 @@ def _aten_of(names: OpNames, op: SupportedOp) -> tuple[str, ...]:
         return ()
     if isinstance(resolved, AtenName):
         return resolved.targets
-    found = (
-        aten_target(o.aten_name.removeprefix("torch.")) or aten_target(o.name.rpartition(".")[2])
-        for o in resolved.opinfos
-    )
-    return tuple(dict.fromkeys(a for a in found if a is not None))
+    return opinfo_aten_targets(resolved.opinfos)
 
 
 def _ordered_dtypes(names: list[str]) -> list[str]:

@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_leaves
 from reuse_specs.errors import SourceLocation
 from reuse_specs.schema import SpecFile, SupportedModule, SupportedOp
 from reuse_specs.yaml_source import PathKey, YamlDocument, load_yaml
-from spyre_emu.op_names import AtenName, OpNames, Unresolved, aten_target, op_names
+from spyre_emu.op_names import AtenName, OpNames, Unresolved, op_names, opinfo_aten_targets
 from spyre_emu.profile import ESSENTIAL_OPS, SpyreProfile, dtype_name
 
 SAMPLES_PER_OP = 3
@@ -423,13 +423,7 @@ def _check_op(
     findings = _check_traces(traces, "op", op.force_xfail, loc, profile, traced)
     if all(t.problem is not None and not t.aten for t in traces):
         # nothing traced (no CPU sample in the spec's dtypes): ask about the aten op itself
-        aten = tuple(
-            dict.fromkeys(
-                a
-                for o in resolved.opinfos
-                if (a := aten_target(o.aten_name.removeprefix("torch."))) is not None
-            )
-        )
+        aten = opinfo_aten_targets(resolved.opinfos)
         if aten:
             via = AtenName(op.name, aten)
             checked = _check_aten(via, "op", op.force_xfail, loc, profile, explain=False)
