@@ -58,13 +58,18 @@ test_suite_config:
 """
 
 
-def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+def _wait(
+    predicate: Callable[[], bool], timeout: float, what: str, cluster: Cluster | None = None
+) -> None:
+    """Wait for the predicate; on timeout, fail with the cluster's logs as they are then,
+    each live worker's thread stacks included (a stuck worker shows where it is)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    logs = f"\n{cluster.logs_with_stacks()}" if cluster is not None else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{logs}")
 
 
 _DATABASES = itertools.count()
@@ -167,6 +172,14 @@ class Cluster:
         runs = self.runs()
         return len(runs) >= count and all(r.state == "completed" for r in runs)
 
+    def logs_with_stacks(self) -> str:
+        """The logs after asking each live worker for its thread stacks (SIGUSR1)."""
+        for proc in self.workers:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(1)
+        return self.logs()
+
     def logs(self) -> str:
         return "\n".join(
             p.read_text(errors="replace")[-3000:] for p in sorted(self.tmp.glob("*.log"))
@@ -222,7 +235,7 @@ def test_change_flows_to_stored_results(cluster: Cluster) -> None:
     api, port = _api(cluster)
     try:
         assert _post(port, cluster.sample, 2, "flow-1") == 202
-        _wait(cluster.completed, 180, "the run to complete\n" + cluster.logs())
+        _wait(cluster.completed, 180, "the run to complete", cluster)
         (run,) = cluster.runs()
         assert run.conclusion == "success" and run.counts.get("passed", 0) > 0
         with cluster.rt.db.session() as s:
@@ -255,10 +268,10 @@ def test_worker_killed_mid_task_still_completes_exactly_once(cluster: Cluster) -
                     == 1
                 )
 
-        _wait(shard_running, 300, "the shard to start\n" + cluster.logs())
+        _wait(shard_running, 300, "the shard to start", cluster)
         cluster.kill9(first)  # the worker and the test process it started
         cluster.start_worker()
-        _wait(cluster.completed, 240, "the run to complete after the kill\n" + cluster.logs())
+        _wait(cluster.completed, 240, "the run to complete after the kill", cluster)
         (run,) = cluster.runs()
         with cluster.rt.db.session() as s:
             shard = s.scalars(select(Shard)).one()
@@ -296,7 +309,8 @@ def test_broker_restart_with_queued_events_loses_nothing(cluster: Cluster) -> No
         _wait(
             lambda: cluster.completed(3),
             300,
-            "three runs after the broker restart\n" + cluster.logs(),
+            "three runs after the broker restart",
+            cluster,
         )
         with cluster.rt.db.session() as s:
             assert {d.state for d in s.scalars(select(Delivery))} == {"processed"}
@@ -327,7 +341,7 @@ def test_api_killed_after_202_the_delivery_is_still_processed(cluster: Cluster) 
     with cluster.rt.db.session() as s:
         assert s.scalars(select(Delivery)).one().state == "received"
     cluster.start_worker()  # its reconciler finds the stored delivery
-    _wait(cluster.completed, 240, "the run after the API was killed\n" + cluster.logs())
+    _wait(cluster.completed, 240, "the run after the API was killed", cluster)
     assert len(cluster.runs()) == 1
 
 
@@ -344,14 +358,14 @@ def test_reports_reach_the_crcr_callback_through_real_workers(cluster: Cluster) 
         api, port = _api(cluster)
         try:
             assert _post(port, cluster.sample, 2, "report-1") == 202
-            _wait(cluster.completed, 180, "the run to complete\n" + cluster.logs())
+            _wait(cluster.completed, 180, "the run to complete", cluster)
 
             def both_sent() -> bool:
                 with cluster.rt.db.session() as s:
                     states = [m.state for m in s.scalars(select(OutboxMessage))]
                 return states == ["sent", "sent"]
 
-            _wait(both_sent, 120, "both reports to be sent\n" + cluster.logs())
+            _wait(both_sent, 120, "both reports to be sent", cluster)
         finally:
             os.killpg(api.pid, signal.SIGTERM)
             api.wait(timeout=20)
@@ -414,7 +428,8 @@ def test_a_stopped_worker_stops_its_shard_container_and_the_next_worker_runs_it(
                 _wait(
                     lambda: any(c.state == "running" for c in _owned_by(engine, first.pid)),
                     180,
-                    "the shard's container\n" + cluster.logs(),
+                    "the shard's container",
+                    cluster,
                 )
                 os.killpg(first.pid, signal.SIGTERM)
                 first.wait(timeout=120)  # a hang guard only: the test itself sleeps 45 s
@@ -427,7 +442,7 @@ def test_a_stopped_worker_stops_its_shard_container_and_the_next_worker_runs_it(
                     cluster.logs()
                 )
                 cluster.start_worker()
-                _wait(cluster.completed, 300, "the run after the stop\n" + cluster.logs())
+                _wait(cluster.completed, 300, "the run after the stop", cluster)
                 (run,) = cluster.runs()
                 with cluster.rt.db.session() as s:
                     shard = s.scalars(select(Shard)).one()

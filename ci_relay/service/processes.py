@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -150,6 +151,8 @@ def run_worker(
 
     from ci_relay.service.tasks import celery_app, configure, start_reconciler
 
+    # ``kill -USR1`` prints every thread's stack to stderr: where a stuck worker is
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if metrics_port:
         start_http_server(metrics_port, addr="127.0.0.1")  # task durations and outcomes
     rt = configure(settings)
