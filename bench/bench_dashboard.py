@@ -13,6 +13,12 @@ The empty grid renders no rows, so that ratio is what showing 50 × 5 cells cost
 second baseline, a store holding exactly one page, shows whether the time grows with
 what is stored (it must not: queries are aggregated, paginated and indexed).
 Goal: grid median under 100 ms with 1,000 × 5 stored, within 1.5× of the one-page store.
+
+A run of real size (issue 27): one more run with ``--failures`` failures (default 1,200, each
+with a 20 KB traceback) is stored beside them; its run page, a later page of its failures
+(the cursor) and its JSON view are timed next to the run page of an ordinary run, with their
+sizes, and the first page is loaded in Chromium (``--browser``) to time its rendering.
+Goal: under 1 MB and rendered in under a second.
 """
 
 from __future__ import annotations
@@ -188,6 +194,67 @@ def populate(rt: RelayContext, commits: int, backends: list[str]) -> None:
                 session.execute(insert(model), rows[start : start + 5000])
 
 
+def add_large_run(rt: RelayContext, failures: int) -> int:
+    """A finished run whose every result failed, each with a long traceback; its id."""
+    frames = "".join(
+        f'  File "torch/testing/_internal/f{k}.py", line {k}, in f{k}\n' for k in range(350)
+    )
+    with rt.db.session() as session:
+        delivery = Delivery(
+            source="github",
+            hook_id="bench",
+            delivery_id="large-run",
+            event="push",
+            repository="sample/pytorch",
+            head_sha="f" * 40,
+            state="processed",
+            body=b"{}",
+            received_at=START,
+        )
+        change = Change(
+            delivery=delivery, repository="sample/pytorch", kind="push", head_sha="f" * 40
+        )
+        run = Run(change=change, backend="cpu", level="L2", state="completed", conclusion="failure")
+        shard = Shard(run=run, index=0, test_files=["test/test_unary_ufuncs.py"], state="done")
+        session.add(shard)
+        session.flush()
+        session.execute(
+            insert(TestResult),
+            [
+                {
+                    "shard_id": shard.id,
+                    "nodeid": f"test/test_unary_ufuncs.py::TestUnaryUfuncsCPU::test_case_{i}_cpu",
+                    "outcome": "failed",
+                    "mode": "mandatory_success",
+                    "duration": 0.5,
+                    "message": f"AssertionError: Tensor-likes are not close! (case {i})",
+                    "details": f"Traceback (most recent call last):\n{frames}AssertionError: {i}",
+                }
+                for i in range(failures)
+            ],
+        )
+        return int(run.id)
+
+
+def render_seconds(html: str, repeat: int) -> float | None:
+    """Median seconds Chromium takes to parse, lay out and paint ``html`` (no network)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return None
+    samples = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True)
+        page = browser.new_page()
+        for _ in range(repeat + 1):
+            start = time.perf_counter()
+            page.set_content(html, wait_until="load")
+            page.evaluate("document.body.getBoundingClientRect().height")  # forces layout
+            samples.append(time.perf_counter() - start)
+        browser.close()
+    return statistics.median(samples[1:])
+
+
 def timed(get: Callable[[], Any], repeat: int) -> list[float]:
     get()  # warm: template compilation, connection pool, SQLite page cache
     samples = []
@@ -224,6 +291,8 @@ def main() -> None:
         action="store_true",
         help="add the indexes the dashboard would like (not yet in a migration) first",
     )
+    parser.add_argument("--failures", type=int, default=1200, help="of the large run")
+    parser.add_argument("--browser", action="store_true", help="time its rendering in Chromium")
     args = parser.parse_args()
     backends = BACKENDS[: args.backends]
     with tempfile.TemporaryDirectory() as tmp:
@@ -271,6 +340,30 @@ def main() -> None:
         ]
         for url in pages:
             _line(url, timed(lambda url=url: full.get(url), args.repeat), baseline)  # type: ignore[misc]
+        big = add_large_run(full_rt, args.failures)
+        ordinary = full.get(f"/runs/{some_run}").text
+        print(
+            f"\na run with {args.failures} failures (20 KB of text each) against run {some_run} "
+            f"({len(ordinary.encode()) / 1024:.0f} KB page):"
+        )
+        baseline_run = statistics.median(timed(lambda: full.get(f"/runs/{some_run}"), args.repeat))
+        # the next page's cursor (a relay from before the cursor shows every failure at once)
+        cursor = full.get(f"/api/runs/{big}/view").json()["run"].get("failures_next")
+        urls = [f"/runs/{big}", f"/api/runs/{big}/view"]
+        if cursor:
+            urls.insert(1, f"/runs/{big}?failures_after={cursor}")
+        for url in urls:
+            size = len(full.get(url).content)
+            _line(url, timed(lambda url=url: full.get(url), args.repeat), baseline_run)  # type: ignore[misc]
+            print(f"{'':48} {size / 1024:8.0f} KB (ratio: against the ordinary run page)")
+        if args.browser:
+            seconds = render_seconds(full.get(f"/runs/{big}").text, min(args.repeat, 10))
+            plain = render_seconds(ordinary, min(args.repeat, 10))
+            if seconds is not None and plain is not None:
+                print(
+                    f"Chromium renders the large run's page in {seconds * 1000:.0f} ms "
+                    f"(the ordinary run's page: {plain * 1000:.0f} ms, {seconds / plain:.2f}x)"
+                )
         print(
             f"grid, {args.commits} commits × {len(backends)} backends stored: "
             f"{grid * 1000:.1f} ms median = {grid / baseline:.2f}x the empty grid, "

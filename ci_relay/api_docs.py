@@ -36,6 +36,14 @@ CommitPrefix = Annotated[
         description="a commit id or a prefix of one (anything else finds nothing)",
     ),
 ]
+FailuresCursorQuery = Annotated[
+    str | None,
+    Query(
+        max_length=12,
+        pattern=r"^[01]-[0-9]{1,10}$",
+        description="the next page of a run's failures: the `failures_next` of the page before",
+    ),
+]
 BackendQuery = Annotated[
     str | None, Query(max_length=32, pattern=PRINTABLE, description="a backend's name")
 ]

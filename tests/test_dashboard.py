@@ -732,3 +732,98 @@ def test_page_queries_do_not_grow_with_rows(relay: Relay, store: Store) -> None:
     add(300, 10)
     large = {u: statements(u) for u in small}
     assert large == small
+
+
+def _large_run(store: Store, failures: int) -> int:
+    """A finished run with ``failures`` failures (every tenth flaky), each with a long
+    traceback; its id."""
+    change = store.change(sha(40), number=41)
+    run = store.run(
+        change, conclusion="failure", plan=PLAN, results=[("t.py::test_ok", "passed", None)]
+    )
+    shard_id = store.session.query(Shard.id).filter(Shard.run_id == run.id).scalar()
+    frames = "".join(
+        f'  File "torch/testing/_internal/frame_{k}.py", line {k}\n' for k in range(400)
+    )
+    store.session.execute(
+        insert(TestResult),
+        [
+            {
+                "shard_id": shard_id,
+                "nodeid": f"test/test_big.py::TestBig::test_case_{i:04d}",
+                "outcome": "flaky" if i % 10 == 0 else "failed",
+                "mode": "mandatory_success",
+                "duration": 0.5,
+                "message": f"AssertionError: case {i}",
+                "details": f"Traceback (most recent call last):\n{frames}AssertionError: case {i}",
+            }
+            for i in range(failures)
+        ],
+    )
+    store.session.commit()
+    return run.id
+
+
+def test_a_run_with_a_thousand_failures_pages_them_with_a_cursor(
+    relay: Relay, store: Store
+) -> None:
+    """1,200 failures of 17 KB each (20 MB of text): every page of the run stays well under
+    1 MB, the pages walk every failure exactly once (broken before flaky) through the next
+    link and through the JSON API's cursor, and the full text is one link away."""
+    run_id = _large_run(store, 1200)
+    seen: list[int] = []
+    url: str | None = f"/runs/{run_id}"
+    while url is not None:
+        body = page(relay, url)
+        assert len(body.encode()) < 1_000_000, (url, len(body.encode()))
+        shown = [int(x) for x in re.findall(r'<li id="failure-(\d+)"', body)]
+        assert 0 < len(shown) <= 50
+        seen += shown
+        if url != f"/runs/{run_id}":
+            assert 'rel="first"' in body
+        found = re.search(r'<a rel="next" class="failures-next" href="([^"]+)"', body)
+        url = html.unescape(found.group(1)).split("#")[0] if found else None
+    assert len(seen) == len(set(seen)) == 1200
+    assert "Failures (1200)" in body
+    with store.session.begin():
+        outcomes = dict(store.session.query(TestResult.id, TestResult.outcome).all())
+    order = [outcomes[i] for i in seen]
+    assert order == sorted(order, key=lambda o: o == "flaky")  # broken first, flaky last
+    first = page(relay, f"/runs/{run_id}")
+    assert "characters, middle cut" in first  # its head and tail, the middle one link away
+    assert "frame_0.py" in first and "frame_399.py" in first
+    assert re.search(r'href="/api/results/\d+/details">the whole text', first)
+
+    api: list[int] = []
+    cursor: str | None = None
+    pages = 0
+    while True:
+        query = f"?failures_after={cursor}" if cursor else ""
+        data = relay.client.get(f"/api/runs/{run_id}/view{query}").json()["run"]
+        api += [f["result_id"] for f in data["failures"]]
+        assert data["failures_total"] == 1200 and data["failures_after"] == cursor
+        pages += 1
+        cursor = data["failures_next"]
+        if cursor is None:
+            break
+    assert api == seen and pages == 24
+    # a cursor past the end is an empty last page; anything else is refused, not guessed
+    data = relay.client.get(f"/api/runs/{run_id}/view?failures_after=0-2147483647").json()["run"]
+    assert data["failures"][0]["outcome"] == "flaky" and data["failures_next"] is not None
+    data = relay.client.get(f"/api/runs/{run_id}/view?failures_after=1-2147483647").json()["run"]
+    assert data["failures"] == [] and data["failures_next"] is None
+    for bad in ("2-1", "0-", "abc", "0-1;drop", "0-12345678901"):
+        for prefix in (f"/api/runs/{run_id}/view", f"/runs/{run_id}"):
+            response = relay.client.get(f"{prefix}?{urlencode({'failures_after': bad})}")
+            assert response.status_code == 422, (bad, response.text[:200])
+            assert "failures_after" in response.text
+
+
+def test_the_commit_page_shows_a_large_runs_first_failures_and_sends_to_the_run_page(
+    relay: Relay, store: Store
+) -> None:
+    run_id = _large_run(store, 300)
+    body = page(relay, f"/commits/{sha(40)}")
+    assert len(body.encode()) < 1_000_000
+    assert len(re.findall(r'<li id="failure-', body)) == 50
+    assert f'250 more: <a href="/runs/{run_id}#failures">on the run page</a>' in body

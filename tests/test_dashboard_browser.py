@@ -276,3 +276,66 @@ def test_markup_in_a_test_name_never_runs_in_the_browser(
     expect(page.locator(".nodeid-title")).to_have_text(nodeid)
     assert page.evaluate("window.__pwned === undefined")
     assert watched.dialogs == [] and watched.errors == []
+
+
+def test_a_run_with_a_thousand_failures_reads_a_page_at_a_time(
+    served_run: ServedRun, watched: Watched
+) -> None:
+    """1,100 failures with long tracebacks: the run page shows the first 50, folded; the
+    next link walks on (the cursor in the address), the whole text is one click away, and
+    the first page is one click back."""
+    db = Database(served_run.database_url)
+    frames = "".join(f'  File "torch/testing/_internal/f{k}.py", line {k}\n' for k in range(400))
+    with db.session() as session:
+        delivery = Delivery(
+            source="github",
+            hook_id="big",
+            delivery_id="big-1",
+            event="push",
+            repository="sample/pytorch",
+            head_sha="b" * 40,
+            state="processed",
+            body=b'{"head_commit": {"message": "a change that breaks everything"}}',
+        )
+        change = Change(
+            delivery=delivery, repository="sample/pytorch", kind="push", head_sha="b" * 40
+        )
+        run = Run(change=change, backend="cpu", level="L2", state="completed", conclusion="failure")
+        shard = Shard(run=run, index=0, test_files=["test/test_big.py"], state="done")
+        session.add_all(
+            TestResult(
+                shard=shard,
+                nodeid=f"test/test_big.py::TestBig::test_case_{i:04d}",
+                outcome="failed",
+                message=f"AssertionError: case {i}",
+                details=f"Traceback (most recent call last):\n{frames}AssertionError: case {i}",
+            )
+            for i in range(1100)
+        )
+        session.flush()
+        run_id = run.id
+    db.dispose()
+
+    page = watched.page
+    page.goto(f"{served_run.url}/runs/{run_id}")
+    expect(page.locator("h2#failures")).to_have_text("Failures (1100)")
+    failures = page.locator("li.failure")
+    expect(failures).to_have_count(50)
+    expect(failures.first.locator("a.nodeid")).to_have_text(re.compile("test_case_0000$"))
+    text = failures.first.locator("details.traceback pre")
+    expect(text).to_be_hidden()  # folded: the page is a list of names and messages
+    failures.first.locator("details.traceback summary").click()
+    expect(text).to_contain_text("characters cut: the whole text is behind the link")
+    shot(page, "08-large-run-first-page.png")
+    page.locator("a.failures-next").click()
+    expect(page).to_have_url(re.compile(rf"/runs/{run_id}\?failures_after=0-\d+#failures$"))
+    expect(failures).to_have_count(50)
+    expect(failures.first.locator("a.nodeid")).to_have_text(re.compile("test_case_0050$"))
+    failures.first.locator("details.traceback summary").click()
+    failures.first.locator("a", has_text="the whole text").click()
+    expect(page.locator("body")).to_contain_text("f399.py")
+    expect(page.locator("body")).to_contain_text("AssertionError: case 50")
+    page.go_back()
+    page.locator("a[rel=first]").click()
+    expect(failures.first.locator("a.nodeid")).to_have_text(re.compile("test_case_0000$"))
+    assert watched.dialogs == [] and watched.errors == []

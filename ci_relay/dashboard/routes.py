@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.orm import Session
 
@@ -24,13 +24,14 @@ from ci_relay.api_docs import (
     BackendQuery,
     CommitPrefix,
     DbId,
+    FailuresCursorQuery,
     RepositoryQuery,
 )
 from ci_relay.context import RelayContext
 from ci_relay.dashboard import downstream, queries
 from ci_relay.dashboard.figures import duration_chart, trend_charts
 from ci_relay.dashboard.templating import make_environment
-from ci_relay.dashboard.views import to_json
+from ci_relay.dashboard.views import FailureCursor, to_json
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_PATH = "/static/dashboard"
@@ -66,6 +67,11 @@ def make_router(rt: RelayContext) -> APIRouter:
         if view is None:
             raise HTTPException(404, message)
         return JSONResponse(to_json(view))
+
+    # browsers ask for it on pages that cannot name one (the plain-text failure texts)
+    @router.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:
+        return Response(status_code=204)
 
     # grid -------------------------------------------------------------------------------
 
@@ -122,16 +128,21 @@ def make_router(rt: RelayContext) -> APIRouter:
         run_id: DbId,
         selected_page: int = Query(1, ge=1),
         excluded_page: int = Query(1, ge=1),
+        failures_after: FailuresCursorQuery = None,
     ) -> HTMLResponse:
+        after = FailureCursor.parse(failures_after) if failures_after else None
         view = read(
-            lambda s: queries.run_page(s, run_id, selected_page, excluded_page, PLAN_PER_PAGE)
+            lambda s: queries.run_page(
+                s, run_id, selected_page, excluded_page, PLAN_PER_PAGE, failures_after=after
+            )
         )
         if view is None:
             return missing(f"There is no run {run_id}.")
         return page("run.html", f"Run {run_id}", view=view)
 
     # ``/api/runs/{id}`` is the relay's raw run (every result, the whole plan); this is the
-    # run page's data: failures, shards and the selection explained, paginated
+    # run page's data: failures (``failures_next`` is the cursor of the next page), shards
+    # and the selection explained, paginated
     @router.get(
         "/api/runs/{run_id}/view", response_class=JSONResponse, responses={**JSON_ANY, **NOT_FOUND}
     )
@@ -139,9 +150,13 @@ def make_router(rt: RelayContext) -> APIRouter:
         run_id: DbId,
         selected_page: int = Query(1, ge=1),
         excluded_page: int = Query(1, ge=1),
+        failures_after: FailuresCursorQuery = None,
     ) -> JSONResponse:
+        after = FailureCursor.parse(failures_after) if failures_after else None
         view = read(
-            lambda s: queries.run_page(s, run_id, selected_page, excluded_page, PLAN_PER_PAGE)
+            lambda s: queries.run_page(
+                s, run_id, selected_page, excluded_page, PLAN_PER_PAGE, failures_after=after
+            )
         )
         return found(view, f"no run {run_id}")
 

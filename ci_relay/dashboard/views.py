@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, TypeVar
@@ -231,6 +232,30 @@ class Failure:
         return self.outcome == "flaky"
 
 
+_CURSOR = re.compile(r"^([01])-([0-9]{1,10})$")
+
+
+@dataclass(frozen=True)
+class FailureCursor:
+    """Where a page of a run's failures ends: they are ordered flaky last, then by result
+    id, so the last one shown names the next page (stable while results keep arriving)."""
+
+    flaky: int  # 0 or 1
+    result_id: int
+
+    @property
+    def token(self) -> str:
+        return f"{self.flaky}-{self.result_id}"
+
+    @classmethod
+    def parse(cls, token: str) -> FailureCursor:
+        """The cursor a page printed; ValueError for anything else."""
+        match = _CURSOR.match(token)
+        if match is None:
+            raise ValueError(f"not a failures cursor: {token[:40]!r} (expected e.g. 0-1234)")
+        return cls(int(match.group(1)), int(match.group(2)))
+
+
 @dataclass(frozen=True)
 class ReportInfo:
     """One outgoing report of a run (an outbox row): where it goes and how sending went."""
@@ -266,6 +291,8 @@ class RunInfo:
     shards: list[ShardInfo] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     failures_total: int = 0
+    failures_after: str | None = None  # the cursor this page of failures starts after
+    failures_next: str | None = None  # the cursor of the next page; None: this is the last
     triage: list[dict[str, Any]] = field(default_factory=list)  # the run's verdict, once made
     triage_state: str | None = None  # pending | running | done | failed; None: not triaged
     triage_tests: list[dict[str, Any]] = field(default_factory=list)  # a verdict per test

@@ -20,11 +20,13 @@ from ci_relay.store.models import (
     OutboxState,
 )
 
-FAILURES_PER_RUN = 200  # a run with more shows the first ones and the total
+# failures a page shows per run; the run page pages through the rest (a cursor), so a run
+# with thousands of failures stays a page of bounded size
+FAILURES_PER_RUN = 50
 TITLE_BODY_LIMIT = 2 * 1024 * 1024  # larger bodies are not parsed just for a title
 LOG_EXCERPT_LINES = 20
 # characters of a failure's text a page shows (head and tail halves); the rest is a link away
-DETAILS_SHOWN = 16 * 1024
+DETAILS_SHOWN = 4 * 1024
 _OPEN_REPORTS = (OutboxState.PENDING, OutboxState.SENDING)  # a next attempt is coming
 _HEX = re.compile(r"^[0-9a-fA-F]{7,64}$")
 

@@ -9,9 +9,11 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
+    and_,
     case,
     func,
     null,
+    or_,
     select,
 )
 from sqlalchemy.orm import Session
@@ -32,6 +34,7 @@ from ci_relay.dashboard.views import (
     ChangeInfo,
     CommitPage,
     Failure,
+    FailureCursor,
     HeadDetail,
     PullRequestPage,
     ReportInfo,
@@ -78,8 +81,11 @@ def _changes(session: Session, *where: ColumnElement[bool]) -> list[ChangeInfo]:
     return [from_row(ChangeInfo, r, title=_title(r.source, r.body)) for r in rows]
 
 
-def _runs(session: Session, *where: ColumnElement[bool]) -> list[RunInfo]:
-    """Runs with their shards, failures (capped per run) and triage: four queries in all."""
+def _runs(
+    session: Session, *where: ColumnElement[bool], failures_after: FailureCursor | None = None
+) -> list[RunInfo]:
+    """Runs with their shards, failures (a page per run, after the cursor) and triage: four
+    queries in all."""
     rows = session.execute(
         select(
             Run.id,
@@ -103,7 +109,9 @@ def _runs(session: Session, *where: ColumnElement[bool]) -> list[RunInfo]:
     ).all()
     ids = [r.id for r in rows]
     shards = _shards(session, ids)
-    failures, totals = _failures(session, ids, {k: s.log_tail for k, s in shards.items()})
+    failures, totals, following = _failures(
+        session, ids, {k: s.log_tail for k, s in shards.items()}, failures_after
+    )
     triage = _triage(session, ids)
     live = _live_counts(
         session, [r.id for r in rows if r.state in (RunState.SELECTING, RunState.RUNNING)]
@@ -117,6 +125,8 @@ def _runs(session: Session, *where: ColumnElement[bool]) -> list[RunInfo]:
             shards=[s for (run_id, _), s in sorted(shards.items()) if run_id == r.id],
             failures=failures.get(r.id, []),
             failures_total=totals.get(r.id, 0),
+            failures_after=failures_after.token if failures_after else None,
+            failures_next=following.get(r.id),
             triage=[triage[r.id].verdict] if r.id in triage and triage[r.id].verdict else [],
             triage_state=triage[r.id].state if r.id in triage else None,
             triage_tests=list(triage[r.id].tests) if r.id in triage else [],
@@ -183,12 +193,25 @@ def _details(head: str | None, tail: str | None, length: int | None) -> str | No
 
 
 def _failures(
-    session: Session, run_ids: list[int], logs: dict[tuple[int, int], str | None]
-) -> tuple[dict[int, list[Failure]], dict[int, int]]:
+    session: Session,
+    run_ids: list[int],
+    logs: dict[tuple[int, int], str | None],
+    after: FailureCursor | None = None,
+) -> tuple[dict[int, list[Failure]], dict[int, int], dict[int, str]]:
+    """A page of each run's failures (flaky ones last, then in storage order), after the
+    cursor when given; each run's total; and the cursor of its next page where there is one."""
     if not run_ids:
-        return {}, {}
+        return {}, {}, {}
     shown = TestResult.outcome.in_(SHOWN_OUTCOMES)
     flaky_last = case((TestResult.outcome == "flaky", 1), else_=0)
+    page = [Shard.run_id.in_(run_ids), shown]
+    if after is not None:
+        page.append(
+            or_(
+                flaky_last > after.flaky,
+                and_(flaky_last == after.flaky, TestResult.id > after.result_id),
+            )
+        )
     length = func.coalesce(func.length(TestResult.details), 0)
     half = DETAILS_SHOWN // 2
     short = length <= DETAILS_SHOWN
@@ -209,18 +232,25 @@ def _failures(
             case((short, null()), else_=func.substr(TestResult.details, length - half + 1)).label(
                 "details_tail"
             ),
+            flaky_last.label("flaky_last"),
             func.row_number()
             .over(partition_by=Shard.run_id, order_by=(flaky_last, TestResult.id))
             .label("rank"),
         )
         .join(Shard, TestResult.shard_id == Shard.id)
-        .where(Shard.run_id.in_(run_ids), shown)
+        .where(*page)
         .subquery()
     )
     out: dict[int, list[Failure]] = defaultdict(list)
+    following: dict[int, str] = {}
+    # one row past the page says whether a next page exists
     for r in session.execute(
-        select(ranked).where(ranked.c.rank <= FAILURES_PER_RUN).order_by(ranked.c.rank)
+        select(ranked).where(ranked.c.rank <= FAILURES_PER_RUN + 1).order_by(ranked.c.rank)
     ):
+        if r.rank > FAILURES_PER_RUN:
+            last = out[r.run_id][-1]
+            following[r.run_id] = FailureCursor(int(last.flaky), last.result_id).token
+            continue
         out[r.run_id].append(
             Failure(
                 result_id=r.id,
@@ -246,7 +276,7 @@ def _failures(
             .group_by(Shard.run_id)
         )
     }
-    return out, totals
+    return out, totals, following
 
 
 def _triage(session: Session, run_ids: list[int]) -> dict[int, Triage]:
@@ -316,9 +346,11 @@ def run_page(
     selected_page: int = 1,
     excluded_page: int = 1,
     per_page: int = 100,
+    failures_after: FailureCursor | None = None,
 ) -> RunPage | None:
-    """One run: its change, shards, failures and the selection that made it, explained."""
-    runs = _runs(session, Run.id == run_id)
+    """One run: its change, shards, a page of its failures (after the cursor) and the
+    selection that made it, explained."""
+    runs = _runs(session, Run.id == run_id, failures_after=failures_after)
     if not runs:
         return None
     run = runs[0]
