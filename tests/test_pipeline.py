@@ -386,12 +386,14 @@ import time
 
 
 def test_takes_its_time():
-    time.sleep(45)
+    time.sleep(20)
 """
 
 
 def _with_slow_commit(sample: SampleUpstream, dest: Path) -> SampleUpstream:
-    """A copy of the sample upstream with one more commit: a test that sleeps 45 s."""
+    """A copy of the sample upstream with one more commit: a test that sleeps 20 s, still
+    running when the first worker is stopped (a worker that waited for it would store its
+    result)."""
     subprocess.run(["git", "clone", "-q", str(sample.path), str(dest)], check=True)
     (dest / "test" / "test_slow.py").write_text(SLOW_TEST)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
@@ -432,7 +434,7 @@ def test_a_stopped_worker_stops_its_shard_container_and_the_next_worker_runs_it(
                     cluster,
                 )
                 os.killpg(first.pid, signal.SIGTERM)
-                first.wait(timeout=120)  # a hang guard only: the test itself sleeps 45 s
+                first.wait(timeout=120)  # a hang guard only: the test itself sleeps 20 s
                 assert _owned_by(engine, first.pid) == []
                 with cluster.rt.db.session() as s:
                     shard = s.scalars(select(Shard)).one()
