@@ -126,11 +126,21 @@ class Cluster:
         env.update(self.env)
         return env
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, queues: str | None = None, data_dir: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        """A ``ci-relay worker`` (every queue unless told), on the shared data folder unless
+        given its own (as on a machine of its own)."""
         log = (self.tmp / f"worker{len(self.workers)}.log").open("wb")
+        env = self.worker_env()
+        if data_dir is not None:
+            env["CI_RELAY_DATA_DIR"] = str(data_dir)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ci_relay", "worker", "--reconcile-every", "1"],
-            env=self.worker_env(),
+            [
+                *(sys.executable, "-m", "ci_relay", "worker", "--reconcile-every", "1"),
+                *(("--queues", queues) if queues else ()),
+            ],
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -151,10 +161,14 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
 
-    def serve(self, port: int, broker_url: str | None = None) -> subprocess.Popen[bytes]:
+    def serve(
+        self, port: int, broker_url: str | None = None, data_dir: Path | None = None
+    ) -> subprocess.Popen[bytes]:
         env = self.worker_env()
         if broker_url:
             env["CI_RELAY_BROKER_URL"] = broker_url
+        if data_dir is not None:
+            env["CI_RELAY_DATA_DIR"] = str(data_dir)
         log = (self.tmp / "api.log").open("ab")
         return subprocess.Popen(
             [sys.executable, "-m", "ci_relay", "serve", "--port", str(port), "--no-worker"],
@@ -213,11 +227,11 @@ def _post(port: int, sample: SampleUpstream, index: int, delivery: str) -> int:
     ).status_code
 
 
-def _api(cluster: Cluster) -> tuple[subprocess.Popen[bytes], int]:
+def _api(cluster: Cluster, data_dir: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
     from ci_relay.demo import free_port
 
     port = free_port()
-    api = cluster.serve(port)
+    api = cluster.serve(port, data_dir=data_dir)
     import httpx
 
     def up() -> bool:
@@ -379,6 +393,50 @@ def test_reports_reach_the_crcr_callback_through_real_workers(cluster: Cluster) 
         attempts = [m.attempts for m in s.scalars(select(OutboxMessage).order_by(OutboxMessage.id))]
     assert attempts[0] == 2  # the 503, then the retry that went through
     assert len(receiver.posts()) == 3
+
+
+def test_the_api_and_each_worker_on_a_machine_of_its_own(cluster: Cluster) -> None:
+    """Nothing shared but PostgreSQL and Redis: the API, a general worker (intake, select,
+    report, triage) and an exec worker each with their own data folder, the workers each
+    fetching their own upstream mirror. A change runs end to end, and its results, the
+    shard's log tail and the sent reports are all visible from the API."""
+    import httpx
+
+    from tests.reporting_fakes import CallbackReceiver
+
+    hosts = {name: cluster.tmp / f"host-{name}" for name in ("api", "general", "exec")}
+    receiver = CallbackReceiver()
+    with receiver.running() as url:
+        cluster.env["CI_RELAY_CRCR_CALLBACK_URL"] = url
+        cluster.start_worker("intake,select,report,triage", hosts["general"])
+        cluster.start_worker("exec.cpu", hosts["exec"])
+        api, port = _api(cluster, hosts["api"])
+        try:
+            assert _post(port, cluster.sample, 2, "hosts-1") == 202
+            _wait(cluster.completed, 180, "the run to complete", cluster)
+
+            def both_sent() -> bool:
+                with cluster.rt.db.session() as s:
+                    return [m.state for m in s.scalars(select(OutboxMessage))] == ["sent"] * 2
+
+            _wait(both_sent, 120, "both reports to be sent", cluster)
+            (run,) = cluster.runs()
+            raw = httpx.get(f"http://127.0.0.1:{port}/api/runs/{run.id}", timeout=30).json()
+            view = httpx.get(f"http://127.0.0.1:{port}/api/runs/{run.id}/view", timeout=30).json()
+        finally:
+            os.killpg(api.pid, signal.SIGTERM)
+            api.wait(timeout=20)
+    assert raw["conclusion"] == "success"
+    results = [r for shard in raw["shards"] for r in shard["results"]]
+    assert len(results) == sum(run.counts.values()) > 0
+    assert all(shard["log_tail"] for shard in view["run"]["shards"]), view["run"]["shards"]
+    assert [r["state"] for r in view["reports"]] == ["sent", "sent"]
+    assert [b["workflow"]["status"] for b in receiver.accepted] == ["in_progress", "completed"]
+    # each machine used its own folder: the workers their own mirror, the API none
+    assert not (cluster.tmp / "data").exists()
+    assert list((hosts["general"] / "mirrors").iterdir())
+    assert list((hosts["exec"] / "mirrors").iterdir())
+    assert not (hosts["api"] / "mirrors").exists()
 
 
 SLOW_TEST = """
