@@ -17,6 +17,14 @@ small one such as ``test_view_ops.py``). The spec is a whole-file spec: every te
 pass and only the dtypes it names run (the rest are skipped, as torch-spyre's
 ``supported_dtypes`` does).
 
+``--split`` (issue 27, item 8) runs one round of each step between the two ends instead, so
+the difference each adds is printed: collection alone; pytest+plugin on the host; the same
+with the progress plugin (its JSON-lines log and the per-test timeout watchdog); the shard
+through the ``local`` runtime (the child process, the runner tailing its log, restarts); the
+shard in the isolating runtime (``--runtime``). Each step's peak memory (the largest sum of
+the RSS of the bench's descendant processes, sampled every 0.2 s) is printed beside it: a
+shard's peak is what item 6 bounds.
+
 Needs a real PyTorch test file (fetched with the search tool's ``read_file``, see
 ``bench/README.md``) in a folder laid out like PyTorch (``ROOT/test/FILE``), and for
 ``--runtime container`` the runner image (``python -m ci_relay images build --backend B``).
@@ -34,9 +42,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from ci_relay.execution.runtimes import Invocation, Limits, Runtime, get_runtime, work_dir
@@ -118,6 +128,129 @@ def _in_runtime(runtime: Runtime, argv: list[str], spec: Path, root: Path, scrat
     return took
 
 
+class PeakMemory:
+    """The largest total RSS of this process's descendants while the block runs (sampled
+    from /proc every 0.2 s): what a shard's processes hold at their peak."""
+
+    def __init__(self) -> None:
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.2):
+            self.peak_kb = max(self.peak_kb, _descendants_rss_kb(os.getpid()))
+
+
+def _descendants_rss_kb(root: int) -> int:
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            statm = Path(f"/proc/{entry}/statm").read_text().split()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        parents[int(entry)] = int(fields[1])
+        rss[int(entry)] = int(statm[1]) * page_kb
+    total, frontier = 0, [root]
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            total += rss.get(child, 0)
+            frontier.append(child)
+    return total
+
+
+def _split(args: argparse.Namespace, runtime: Runtime, test_file: Path, root: Path) -> None:
+    """One round of each step from plain pytest to the isolated shard, with the seconds and
+    the peak memory each adds."""
+    tests = generic_test_ids(test_file, root)
+    with tempfile.TemporaryDirectory(prefix="bench-split-") as tmp:
+        work = Path(tmp)
+        spec = work / "spec.yaml"
+        dtypes = "\n".join(f"      - name: {d.strip()}" for d in args.dtypes.split(","))
+        spec.write_text(SPEC.format(name=test_file.name, dtypes=dtypes))
+        ini = work / "pytest.ini"
+        ini.write_text("[pytest]\n")
+        plain = _plain_argv(sys.executable, test_file, spec, args.backend, root)
+        progress = [
+            *("-p", "ci_relay.execution.progress_plugin"),
+            *("--progress-log", str(work / "progress.jsonl")),
+            *("--per-test-timeout", "600"),
+        ]
+
+        def shard(on: Runtime, name: str) -> Callable[[], object]:
+            request = ShardRequest(
+                tests=tests,
+                specs=[spec],
+                upstream=root,
+                scratch=work / f"shard-{name}",
+                backend=args.backend,
+                limits=LIMITS,
+            )
+            return lambda: run_shard(on, request)
+
+        steps: list[tuple[str, str, Callable[[], object]]] = [
+            (
+                "collection only",
+                "import and collection",
+                lambda: _host([*plain, "--collect-only"], ini, work / "c.xml", root),
+            ),
+            (
+                "pytest+plugin, host",
+                "running the variants",
+                lambda: _host(plain, ini, work / "host.xml", root),
+            ),
+            (
+                "+ progress log and timeout",
+                "the JSON-lines log, the per-test watchdog",
+                lambda: _host([*plain, *progress], ini, work / "progress.xml", root),
+            ),
+            (
+                "shard, local runtime",
+                "child process, log tail, restarts, runner",
+                shard(get_runtime("local", args.backend), "local"),
+            ),
+            (
+                f"shard, {runtime.name}",
+                f"{runtime.name} isolation",
+                shard(runtime, runtime.name),
+            ),
+        ]
+        print(f"{'step':34} {'seconds':>8} {'added':>8} {'peak MB':>8}  what the step adds")
+        before: float | None = None
+        for name, adds, run in steps:
+            with PeakMemory() as memory:
+                start = time.perf_counter()
+                result = run()
+                took = time.perf_counter() - start
+            added = "" if before is None else f"{took - before:+8.1f}"
+            print(f"{name:34} {took:8.1f} {added:>8} {memory.peak_kb / 1024:8.0f}  {adds}")
+            if isinstance(result, ShardReport):
+                counts = _shard_counts(result)
+                print(
+                    f"{'':34} {sum(counts.values())} results {dict(sorted(counts.items()))}, "
+                    f"{result.processes} process(es), {len(result.crashed)} crashed"
+                )
+            before = took
+        print(f"variants, pytest+plugin host: {dict(_junit_counts(work / 'host.xml'))}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("file", type=Path, help="ROOT/test/test_x.py, a real PyTorch test file")
@@ -125,12 +258,16 @@ def main() -> None:
     parser.add_argument("--runtime", default="container", choices=["container", "sandbox"])
     parser.add_argument("--dtypes", default="float16,float32", help="the spec's supported dtypes")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--split", action="store_true", help="one round of each step between")
     args = parser.parse_args()
     test_file = args.file.resolve()
     root = test_file.parent.parent
     if test_file.parent.name != "test" or not test_file.is_file():
         sys.exit(f"{args.file}: expected ROOT/test/<file>.py (a PyTorch-shaped folder)")
     runtime = get_runtime(args.runtime, args.backend)
+    if args.split:
+        _split(args, runtime, test_file, root)
+        return
     tests = generic_test_ids(test_file, root)
     with tempfile.TemporaryDirectory(prefix="bench-shard-") as tmp:
         work = Path(tmp)
