@@ -204,7 +204,7 @@ def _failures(
         return {}, {}, {}
     shown = TestResult.outcome.in_(SHOWN_OUTCOMES)
     flaky_last = case((TestResult.outcome == "flaky", 1), else_=0)
-    page = [Shard.run_id.in_(run_ids), shown]
+    page: list[ColumnElement[bool]] = [Shard.run_id.in_(run_ids), shown]
     if after is not None:
         page.append(
             or_(
