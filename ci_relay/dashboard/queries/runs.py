@@ -232,7 +232,6 @@ def _failures(
             case((short, null()), else_=func.substr(TestResult.details, length - half + 1)).label(
                 "details_tail"
             ),
-            flaky_last.label("flaky_last"),
             func.row_number()
             .over(partition_by=Shard.run_id, order_by=(flaky_last, TestResult.id))
             .label("rank"),
