@@ -65,6 +65,16 @@ test_suite_config:
 LIMITS = Limits(memory_mb=8192, wall_seconds=4 * 3600)
 
 
+def _write_inputs(work: Path, test_file: Path, dtypes: str) -> tuple[Path, Path]:
+    """The whole-file spec (only ``dtypes`` run) and an empty pytest.ini, in ``work``."""
+    spec = work / "spec.yaml"
+    listed = "\n".join(f"      - name: {d.strip()}" for d in dtypes.split(","))
+    spec.write_text(SPEC.format(name=test_file.name, dtypes=listed))
+    ini = work / "pytest.ini"
+    ini.write_text("[pytest]\n")
+    return spec, ini
+
+
 def _junit_counts(junit: Path) -> Counter[str]:
     counts: Counter[str] = Counter()
     for case in ET.parse(junit).iter("testcase"):
@@ -182,11 +192,7 @@ def _split(args: argparse.Namespace, runtime: Runtime, test_file: Path, root: Pa
     tests = generic_test_ids(test_file, root)
     with tempfile.TemporaryDirectory(prefix="bench-split-") as tmp:
         work = Path(tmp)
-        spec = work / "spec.yaml"
-        dtypes = "\n".join(f"      - name: {d.strip()}" for d in args.dtypes.split(","))
-        spec.write_text(SPEC.format(name=test_file.name, dtypes=dtypes))
-        ini = work / "pytest.ini"
-        ini.write_text("[pytest]\n")
+        spec, ini = _write_inputs(work, test_file, args.dtypes)
         plain = _plain_argv(sys.executable, test_file, spec, args.backend, root)
         progress = [
             *("-p", "ci_relay.execution.progress_plugin"),
@@ -271,10 +277,7 @@ def main() -> None:
     tests = generic_test_ids(test_file, root)
     with tempfile.TemporaryDirectory(prefix="bench-shard-") as tmp:
         work = Path(tmp)
-        spec = work / "spec.yaml"
-        dtypes = "\n".join(f"      - name: {d.strip()}" for d in args.dtypes.split(","))
-        spec.write_text(SPEC.format(name=test_file.name, dtypes=dtypes))
-        (work / "pytest.ini").write_text("[pytest]\n")
+        spec, _ini = _write_inputs(work, test_file, args.dtypes)
         print(
             f"{test_file.name} ({len(tests)} generic tests) on {args.backend}; runtime "
             f"{runtime.name}; {args.rounds} round(s), alternating",

@@ -10,6 +10,7 @@ explanation → failure → test history → commit page → trends. Screenshots
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -237,33 +238,67 @@ def test_from_the_grid_to_a_failure_and_why_its_test_was_selected(
     assert watched.dialogs == [] and watched.errors == []
 
 
+def _stored_push_run(
+    served_run: ServedRun,
+    head: str,
+    title: str,
+    state: str,
+    results: list[TestResult],
+    log_tail: str | None = None,
+) -> int:
+    """A push and its cpu run with one shard holding ``results``, written straight into the
+    served relay's database (what the pipeline would store); the run's id."""
+    db = Database(served_run.database_url)
+    with db.session() as session:
+        delivery = Delivery(
+            source="github",
+            hook_id=head[:8],
+            delivery_id=f"stored-{head[:8]}",
+            event="push",
+            repository="sample/pytorch",
+            head_sha=head,
+            state="processed",
+            body=json.dumps({"head_commit": {"message": title}}).encode(),
+        )
+        change = Change(delivery=delivery, repository="sample/pytorch", kind="push", head_sha=head)
+        done = state == "completed"
+        run = Run(
+            change=change,
+            backend="cpu",
+            level="L2",
+            state=state,
+            conclusion="failure" if done else None,
+        )
+        shard = Shard(
+            run=run,
+            index=0,
+            test_files=sorted({r.nodeid.split("::")[0] for r in results}),
+            state="done",
+            log_tail=log_tail,
+        )
+        for result in results:
+            result.shard = shard
+        session.add_all(results)
+        session.flush()
+        run_id = int(run.id)
+    db.dispose()
+    return run_id
+
+
 def test_markup_in_a_test_name_never_runs_in_the_browser(
     served_run: ServedRun, watched: Watched
 ) -> None:
     """A stored test name, message and log line carrying a script stay text on every page."""
-    db = Database(served_run.database_url)
     nodeid = f"test/test_evil.py::TestEvil::test_{EVIL}"
-    with db.session() as session:
-        delivery = Delivery(
-            source="github",
-            hook_id="evil",
-            delivery_id="evil-1",
-            event="push",
-            repository="sample/pytorch",
-            head_sha="e" * 40,
-            state="processed",
-            body=b'{"head_commit": {"message": "<script>alert(1)</script> title"}}',
-        )
-        change = Change(
-            delivery=delivery, repository="sample/pytorch", kind="push", head_sha="e" * 40
-        )
-        # still running: it shows on the grid and its pages, but not in the trends
-        run = Run(change=change, backend="cpu", level="L2", state="running")
-        shard = Shard(run=run, index=0, test_files=[nodeid], state="done", log_tail=EVIL)
-        session.add(TestResult(shard=shard, nodeid=nodeid, outcome="failed", message=EVIL))
-        session.flush()
-        run_id = run.id
-    db.dispose()
+    # still running: it shows on the grid and its pages, but not in the trends
+    run_id = _stored_push_run(
+        served_run,
+        "e" * 40,
+        "<script>alert(1)</script> title",
+        "running",
+        [TestResult(nodeid=nodeid, outcome="failed", message=EVIL)],
+        log_tail=EVIL,
+    )
 
     page = watched.page
     for path in ("/", f"/commits/{'e' * 40}", f"/runs/{run_id}"):
@@ -284,37 +319,22 @@ def test_a_run_with_a_thousand_failures_reads_a_page_at_a_time(
     """1,100 failures with long tracebacks: the run page shows the first 50, folded; the
     next link walks on (the cursor in the address), the whole text is one click away, and
     the first page is one click back."""
-    db = Database(served_run.database_url)
     frames = "".join(f'  File "torch/testing/_internal/f{k}.py", line {k}\n' for k in range(400))
-    with db.session() as session:
-        delivery = Delivery(
-            source="github",
-            hook_id="big",
-            delivery_id="big-1",
-            event="push",
-            repository="sample/pytorch",
-            head_sha="b" * 40,
-            state="processed",
-            body=b'{"head_commit": {"message": "a change that breaks everything"}}',
-        )
-        change = Change(
-            delivery=delivery, repository="sample/pytorch", kind="push", head_sha="b" * 40
-        )
-        run = Run(change=change, backend="cpu", level="L2", state="completed", conclusion="failure")
-        shard = Shard(run=run, index=0, test_files=["test/test_big.py"], state="done")
-        session.add_all(
+    run_id = _stored_push_run(
+        served_run,
+        "b" * 40,
+        "a change that breaks everything",
+        "completed",
+        [
             TestResult(
-                shard=shard,
                 nodeid=f"test/test_big.py::TestBig::test_case_{i:04d}",
                 outcome="failed",
                 message=f"AssertionError: case {i}",
                 details=f"Traceback (most recent call last):\n{frames}AssertionError: case {i}",
             )
             for i in range(1100)
-        )
-        session.flush()
-        run_id = run.id
-    db.dispose()
+        ],
+    )
 
     page = watched.page
     page.goto(f"{served_run.url}/runs/{run_id}")
