@@ -101,6 +101,8 @@ def nightly_steps(rt: RelayContext, now: datetime | None = None, force: bool = F
             state=DeliveryState.RECEIVED,
             headers={},
             body=json.dumps(envelope).encode(),
+            # the clock that decided it is due: "has today's started" compares with this
+            received_at=now,
             enqueued_at=utcnow(),
         )
         session.add(delivery)
