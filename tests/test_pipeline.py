@@ -29,7 +29,10 @@ from ci_relay.store.models import Delivery, OutboxMessage, Run, Selection, Shard
 from tests.conftest import worker_index
 from tests.relay_fixtures import SECRET, fresh_postgres_database
 
-pytestmark = pytest.mark.slow
+# one xdist worker for the whole module: a test here restarts the Redis server, which would
+# cut off the brokers of pipeline tests running beside it on other workers (Celery then stops
+# consuming: "Unrecoverable error" on reconnecting)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("real-redis")]
 
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 REDIS_START = [
