@@ -31,7 +31,7 @@ phase() {  # phase NAME COMMAND...: run it, remember how long it took
 phase setup bash scripts/setup.sh
 phase services bash scripts/services.sh
 if [ "$QUICK" = 0 ]; then
-  phase images "$PY" -m ci_relay images build --backend cpu --backend spyre-emu --relay
+  phase images "$PY" -m ci_relay images build --backend cpu --backend spyre-emu --relay --services
 fi
 phase ruff sh -c "\"$PY\" -m ruff check . && \"$PY\" -m ruff format --check ."
 BIN=$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')

@@ -12,7 +12,7 @@ import pytest
 
 from ci_relay.execution.runtimes import PODMAN_SOCKET, RuntimeUnavailable
 from ci_relay.execution.runtimes.container import ContainerRuntime
-from ci_relay.source_digest import TAG_PREFIX, own_image_tag, source_digest
+from ci_relay.source_digest import TAG_PREFIX, input_digest, own_image_tag, source_digest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,6 +41,32 @@ def test_the_tag_follows_the_sources_and_nothing_else(tmp_path: Path) -> None:
     assert source_digest(tree) == first
     (tree / "spyre_emu" / "default_profile.yaml").write_text("name: other\n")
     assert source_digest(tree) != first
+
+
+def test_the_build_inputs_cover_every_file_an_image_build_reads(tmp_path: Path) -> None:
+    """`images build` skips resolving wheels when this digest is unchanged, so it must move
+    with anything the wheels or images are made from, not only with what runners execute."""
+    tree = tmp_path / "tree"
+    for package in ("ci_relay", "reuse_specs", "spyre_emu", "test_selection"):
+        shutil.copytree(
+            REPO_ROOT / package, tree / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    shutil.copy(REPO_ROOT / "pyproject.toml", tree / "pyproject.toml")
+    first, source = input_digest(tree), source_digest(tree)
+    assert first == input_digest(REPO_ROOT)
+    (tree / "ci_relay" / "__pycache__").mkdir(exist_ok=True)
+    (tree / "ci_relay" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
+    assert input_digest(tree) == first
+    # a dashboard template: in the relay image, not run by a runner
+    template = tree / "ci_relay" / "dashboard" / "templates" / "run.html"
+    template.write_text(template.read_text() + "<!-- changed -->")
+    assert source_digest(tree) == source and input_digest(tree) != first
+    template.write_text(template.read_text().removesuffix("<!-- changed -->"))
+    assert input_digest(tree) == first
+    # a dependency range: what the wheels resolve to
+    project = tree / "pyproject.toml"
+    project.write_text(project.read_text().replace("httpx>=", "httpx>=0.0.1,", 1))
+    assert input_digest(tree) != first
 
 
 def test_nothing_on_the_run_path_asks_for_latest() -> None:

@@ -29,8 +29,25 @@ def images_build(
     relay: Annotated[
         bool, typer.Option("--relay", help="Also build the relay's own image (API and workers).")
     ] = False,
+    services: Annotated[
+        bool,
+        typer.Option(
+            "--services",
+            help="Also build the compose stack's Redis and PostgreSQL from Debian's packages "
+            "(docker/compose.local.yaml uses them; no registry needed).",
+        ),
+    ] = False,
+    refresh: Annotated[
+        bool,
+        typer.Option(
+            "--refresh",
+            help="Resolve and fetch the wheels again even when the checkout is unchanged "
+            "(newer releases within the pinned ranges); the image is rebuilt only if they differ.",
+        ),
+    ] = False,
 ) -> None:
     """Build images offline (debootstrap base, local wheelhouse); reuses what exists."""
+    import os
     import subprocess
 
     backends = backend or _policy_backends() or ["cpu"]
@@ -44,7 +61,9 @@ def images_build(
         raise _fail(f"{root} is not a ci-relay source checkout (images build from one)")
     script = root / "ci_relay" / "execution" / "build_images.sh"
     targets = [f"runner-{b}" for b in backends] + (["relay"] if relay else [])
-    if subprocess.run(["bash", str(script), str(root), *targets]).returncode:
+    targets += ["redis", "postgres"] if services else []
+    env = {**os.environ, "CI_RELAY_IMAGE_REFRESH": "1" if refresh else "0"}
+    if subprocess.run(["bash", str(script), str(root), *targets], env=env).returncode:
         raise _fail("image build failed (see the messages above)", 1)
     from ci_relay.source_digest import TAG_PREFIX, source_digest
 

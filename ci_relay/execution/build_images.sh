@@ -2,7 +2,9 @@
 # Build ci-relay's images without a registry: a Debian base from debootstrap, Python packages
 # from a local wheelhouse. Reuses an image whose inputs did not change (tagged by digest).
 # Usage: build_images.sh REPO_ROOT TARGET...   TARGET: runner-cpu | runner-spyre-emu |
-# runner-spyre | relay. runner-spyre needs CI_RELAY_SPYRE_BASE_IMAGE and CI_RELAY_SPYRE_WHEELHOUSE.
+# runner-spyre | relay | redis | postgres. runner-spyre needs CI_RELAY_SPYRE_BASE_IMAGE and
+# CI_RELAY_SPYRE_WHEELHOUSE; redis and postgres are the compose stack's services, from Debian's
+# packages (no registry needed).
 set -euo pipefail
 root=$1; shift
 targets=("$@")
@@ -13,10 +15,12 @@ mkdir -p "$work"
 say() { echo "images: $*" >&2; }
 # the tag a worker asks for: the digest of the ci-relay sources the image runs
 src=$(PYTHONPATH="$root" python3 -m ci_relay.source_digest "$root")
+# everything the builds read from the checkout (see build)
+inputs=$(PYTHONPATH="$root" python3 -m ci_relay.source_digest --inputs "$root")
 
 for target in "${targets[@]}"; do  # refuse before any slow step
   case $target in
-    runner-cpu|runner-spyre-emu|relay) ;;
+    runner-cpu|runner-spyre-emu|relay|redis|postgres) ;;
     runner-spyre)
       if [ -z "${CI_RELAY_SPYRE_BASE_IMAGE:-}" ] || [ -z "${CI_RELAY_SPYRE_WHEELHOUSE:-}" ]; then
         say "runner-spyre needs the Spyre software stack, which is not public:"
@@ -25,23 +29,28 @@ for target in "${targets[@]}"; do  # refuse before any slow step
         exit 2
       fi ;;
     *)
-      say "unknown image $target (known: runner-cpu runner-spyre-emu runner-spyre relay)"
+      say "unknown image $target (known: runner-cpu runner-spyre-emu runner-spyre relay redis postgres)"
       exit 2 ;;
   esac
 done
 
+debian_base() {  # debian_base PACKAGES: a bookworm image with them, made with debootstrap once
+  local packages=$1 image rootfs
+  image=localhost/ci-relay-base:bookworm-$(echo "$packages" | sha256sum | cut -c1-8)
+  if ! podman image exists "$image"; then
+    say "building $image with debootstrap (a few minutes)"
+    rootfs=$(mktemp -d "$work/rootfs.XXXX")
+    debootstrap --variant=minbase --include="$packages" \
+      bookworm "$rootfs" http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1 \
+      || { say "debootstrap failed, see $work/debootstrap.log"; exit 1; }
+    tar -C "$rootfs" -c . | podman import -q - "$image" >/dev/null
+    rm -rf "$rootfs"
+  fi
+  echo "$image"
+}
 # Runner images need only Python; the relay also needs git (its upstream mirrors).
-packages=python3,python3-venv,ca-certificates,passwd,git
-base=localhost/ci-relay-base:bookworm-$(echo "$packages" | sha256sum | cut -c1-8)
-if ! podman image exists "$base"; then
-  say "building $base with debootstrap (a few minutes)"
-  rootfs=$(mktemp -d "$work/rootfs.XXXX")
-  debootstrap --variant=minbase --include="$packages" \
-    bookworm "$rootfs" http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1 \
-    || { say "debootstrap failed, see $work/debootstrap.log"; exit 1; }
-  tar -C "$rootfs" -c . | podman import -q - "$base" >/dev/null
-  rm -rf "$rootfs"
-fi
+python_base() { debian_base python3,python3-venv,ca-certificates,passwd,git; }
+services_base() { debian_base postgresql-15,redis-server,passwd; }
 
 runner_wheels() {  # torch and the runner side of ci-relay (its own wheel without dependencies)
   local wheels="$work/runner/wheels"
@@ -67,45 +76,87 @@ relay_wheels() {  # the whole service with its selection agent; torch pinned to 
   echo "$work/relay"
 }
 
-# build NAME CONTAINERFILE CONTEXT [--build-arg ...]: build unless the same inputs were built.
+# build NAME CONTAINERFILE CONTEXT_COMMAND [--build-arg ...]: build unless the same inputs
+# were built. Two keys: the checkout's inputs (tag in-KEY, checked first and cheaply: the
+# wheels are not resolved again) and, once the wheels are fetched, their content (tag KEY:
+# a rebuild that fetched the same wheels reuses the image).
 build() {
-  local name=$1 file=$2 context=$3; shift 3
-  local digest image=localhost/ci-relay-$name
-  # names and sizes of the wheels, plus ci_relay's own (built reproducibly, so unchanged
-  # sources give the same bytes): the same inputs reuse the image
-  digest=$( (sha256sum "$file"; podman image inspect --format '{{.Id}}' "$base"; echo "$*"
-             find "$context/wheels" -type f -printf '%f %s\n' | sort
-             sha256sum "$context"/wheels/ci_relay-*.whl | cut -d' ' -f1) \
+  local name=$1 file=$2 make_context=$3; shift 3
+  local key digest context image=localhost/ci-relay-$name
+  # with the Containerfile, the files of docker/ it copies (named after the image: NAME-*)
+  key=in-$( (echo "$inputs"; { sha256sum "$file" "$root/docker/$name"-* 2>/dev/null || true; }
+             podman image inspect --format '{{.Id}}' "$base"
+             echo "$*"; parent_ids "$@"; if [ "$name" = runner-spyre ]; then spyre_wheelhouse_listing; fi) \
             | sha256sum | cut -c1-16)
-  if podman image exists "$image:$digest"; then
-    say "$image:$digest is up to date"
+  if [ "${CI_RELAY_IMAGE_REFRESH:-0}" != 1 ] && podman image exists "$image:$key"; then
+    say "$image:$key is up to date (same inputs; --refresh fetches the wheels again)"
+    digest=$key
   else
-    say "building $image:$digest"
-    cp "$file" "$context/Containerfile"
-    podman build -q --build-arg BASE="$base" "$@" -t "$image:$digest" "$context" >/dev/null
+    context=$("$make_context")
+    # names and sizes of the wheels, plus ci_relay's own (built reproducibly, so unchanged
+    # sources give the same bytes): the same inputs reuse the image
+    digest=$( (sha256sum "$file"; podman image inspect --format '{{.Id}}' "$base"; echo "$*"
+               parent_ids "$@"; find "$context" -type f ! -name Containerfile -printf '%P %s\n' | sort
+               { cat "$context"/wheels/ci_relay-*.whl "$context"/*.sh 2>/dev/null || true; } | sha256sum) \
+              | sha256sum | cut -c1-16)
+    if podman image exists "$image:$digest"; then
+      say "$image:$digest is up to date (the same wheels)"
+    else
+      say "building $image:$digest"
+      cp "$file" "$context/Containerfile"
+      podman build -q --build-arg BASE="$base" "$@" -t "$image:$digest" "$context" >/dev/null
+    fi
+    podman tag "$image:$digest" "$image:$key"
   fi
-  podman tag "$image:$digest" "$image:$src" "$image:latest"  # latest: for people, not workers
-  built="$image:$digest"
+  podman tag "$image:$key" "$image:$src" "$image:latest"  # latest: for people, not workers
+  built="$image:$key"
   # older builds of this image are superseded: free their space (in use ones stay)
   podman images --format '{{.Repository}}:{{.Tag}}' "$image" \
-    | grep -v -e ":$digest\$" -e ":$src\$" -e ':latest$' | xargs -r podman rmi >/dev/null 2>&1 || true
+    | grep -v -e ":$digest\$" -e ":$key\$" -e ":$src\$" -e ':latest$' \
+    | xargs -r podman rmi >/dev/null 2>&1 || true
+}
+
+parent_ids() {  # the image ids of local images named in build args (a rebuilt parent)
+  local arg
+  for arg in "$@"; do
+    case $arg in *=localhost/*) podman image inspect --format '{{.Id}}' "${arg#*=}" ;; esac
+  done
+}
+spyre_wheelhouse_listing() { find "$CI_RELAY_SPYRE_WHEELHOUSE" -type f -printf '%f %s\n' | sort; }
+spyre_context() {
+  local ctx="$work/runner-spyre"
+  rm -rf "$ctx" && cp -r "$(runner_wheels)" "$ctx"
+  cp "$CI_RELAY_SPYRE_WHEELHOUSE"/*.whl "$ctx/wheels/"
+  echo "$ctx"
+}
+runner_context() {  # runner-spyre-emu: no wheels of its own, an empty context
+  mkdir -p "$work/runner-spyre-emu/wheels" && echo "$work/runner-spyre-emu"
+}
+service_context() {  # redis, postgres: the service's own scripts from docker/, no wheels
+  local ctx="$work/$name"
+  rm -rf "$ctx" && mkdir -p "$ctx"
+  cp "$root/docker/$name"-*.sh "$ctx/" 2>/dev/null || true
+  echo "$ctx"
 }
 
 for target in "${targets[@]}"; do
   case $target in
+    redis|postgres) base=$(services_base) ;;
+    *) base=$(python_base) ;;
+  esac
+  case $target in
+    redis|postgres)
+      build "$target" "$root/docker/$target.Containerfile" service_context ;;
     runner-cpu)
-      build runner-cpu "$root/docker/runner-cpu.Containerfile" "$(runner_wheels)" ;;
+      build runner-cpu "$root/docker/runner-cpu.Containerfile" runner_wheels ;;
     runner-spyre-emu)  # the cpu runner plus the emulated device's test settings
-      build runner-cpu "$root/docker/runner-cpu.Containerfile" "$(runner_wheels)"
-      build runner-spyre-emu "$root/docker/runner-spyre-emu.Containerfile" "$work/runner" \
+      build runner-cpu "$root/docker/runner-cpu.Containerfile" runner_wheels
+      build runner-spyre-emu "$root/docker/runner-spyre-emu.Containerfile" runner_context \
         --build-arg RUNNER_CPU="$built" ;;
     runner-spyre)
-      ctx="$work/runner-spyre"
-      rm -rf "$ctx" && cp -r "$(runner_wheels)" "$ctx"
-      cp "$CI_RELAY_SPYRE_WHEELHOUSE"/*.whl "$ctx/wheels/"
-      build runner-spyre "$root/docker/runner-spyre.Containerfile" "$ctx" \
+      build runner-spyre "$root/docker/runner-spyre.Containerfile" spyre_context \
         --build-arg SPYRE_BASE="$CI_RELAY_SPYRE_BASE_IMAGE" ;;
     relay)
-      build relay "$root/docker/relay.Containerfile" "$(relay_wheels)" ;;
+      build relay "$root/docker/relay.Containerfile" relay_wheels ;;
   esac
 done
