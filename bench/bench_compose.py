@@ -4,11 +4,16 @@ Brings `docker/compose.yaml` + `docker/compose.local.yaml` up with podman-compos
 built here: the relay, the spyre-emu runner, and Redis and PostgreSQL from Debian's packages),
 pointed at the sample upstream, then:
 
-1. sends a signed pull_request webhook and waits for its run;
+1. sends a signed pull_request webhook and waits for its run (two shards, one exec worker);
 2. scales the exec worker to two and sends another: two shards run at once;
-3. sends a third and kills one exec worker's container (SIGKILL) while its shard runs: the
-   container restarts, the shard runs again, and every planned test has exactly one result;
+3. sends a third and kills the exec worker running one of its shards (SIGKILL to the
+   container's main process, as the kernel's OOM killer would) while the shard runs: the
+   container restarts, its orphaned shard container is removed, the shard runs again, and the
+   run has the same results as run 2 (the same tests), each once;
 4. brings the stack down (volumes removed).
+
+The sample upstream gets three commits of its own here, each editing a test file of eight
+tests that take 2 s each, so a shard runs long enough to be killed in the middle.
 
 Prints each step's seconds. Needs Podman with its API socket (`bash scripts/services.sh`
 starts it) and podman-compose (installed by `bash scripts/setup.sh`, a dev dependency).
@@ -23,6 +28,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -38,12 +44,71 @@ sys.path.insert(0, str(ROOT))
 from ci_relay.demo import SAMPLE_REPOSITORY, pull_request_payload, send_webhook  # noqa: E402
 from ci_relay.execution.runtimes import PODMAN_SOCKET  # noqa: E402
 from ci_relay.execution.runtimes.container import OWNER_LABEL  # noqa: E402
-from ci_relay.sample_upstream import SampleUpstream, build_sample_upstream  # noqa: E402
+from ci_relay.sample_upstream import (  # noqa: E402
+    SampleCommit,
+    SampleUpstream,
+    build_sample_upstream,
+)
 from ci_relay.source_digest import TAG_PREFIX, source_digest  # noqa: E402
 
 PROJECT = "ci-relay-bench"  # not "ci-relay": a real stack on this machine is left alone
 RELAY_UID = 1000  # the relay image's user (docker/relay.Containerfile)
 EXEC_SERVICE = "exec-spyre"
+SLOW_TESTS = (
+    """
+import time
+
+import torch
+from torch.testing._internal.common_device_type import instantiate_device_type_tests
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+class TestBenchSlow(TestCase):
+"""
+    + "".join(
+        f"""
+    def test_step_{i}(self, device):
+        time.sleep(2)
+        x = torch.full((4,), {i}.0, device=device)
+        self.assertEqual((x + 1).cpu().tolist(), [{i + 1}.0] * 4)
+"""
+        for i in range(8)
+    )
+    + """
+
+instantiate_device_type_tests(TestBenchSlow, globals())
+
+if __name__ == "__main__":
+    run_tests()
+"""
+)
+SPEC = """test_suite_config:
+  files:
+    - path: ${TORCH_ROOT}/test/test_bench_slow.py
+      unlisted_test_mode: mandatory_success
+"""
+
+
+def _with_slow_commits(sample: SampleUpstream) -> SampleUpstream:
+    """Three commits on top of the sample upstream, each a new head editing the slow tests."""
+    git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@example.invalid"]
+    commits = list(sample.commits)
+    for n in range(3):
+        target = sample.path / "test" / "test_bench_slow.py"
+        target.write_text(f"# edit {n}{SLOW_TESTS}")
+        subprocess.run([*git, "add", "test/test_bench_slow.py"], cwd=sample.path, check=True)
+        subprocess.run(
+            [*git, "commit", "-qm", f"slow tests, edit {n}"], cwd=sample.path, check=True
+        )
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=sample.path,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        commits.append(SampleCommit(head, f"slow tests, edit {n}"))
+    return SampleUpstream(sample.path, commits)
 
 
 def _override(data: Path, upstream: Path) -> str:
@@ -52,9 +117,10 @@ def _override(data: Path, upstream: Path) -> str:
     common = {
         "CI_RELAY_UPSTREAM_REPO": str(upstream),
         "CI_RELAY_POLICY_FILE": str(data / "policy.yaml"),
-        "CI_RELAY_SPECS": "[]",  # the bundled specs (the sample upstream's)
+        "CI_RELAY_SPECS": json.dumps([str(data / "spec.yaml")]),
         "CI_RELAY_SELECTION_AGENT": "none",
         "CI_RELAY_SHARDS_PER_RUN": "2",
+        "CI_RELAY_SELECTION_BUDGET": "all",  # every slow test: shards long enough to kill
         "CI_RELAY_RECONCILE_AFTER_SECONDS": "10",
         "CI_RELAY_TASK_VISIBILITY_TIMEOUT": "60",
     }
@@ -108,12 +174,33 @@ class Stack:
             raise SystemExit(f"podman-compose {' '.join(args)} failed:\n{proc.stdout}{proc.stderr}")
         return proc
 
-    def prepare(self) -> SampleUpstream:
-        if self.workdir.exists():
+    def down(self) -> None:
+        """`down -v`, then whatever it left: podman-compose removes only the replicas the
+        files name (not the scaled-up ones), and then neither the pod, the network nor the
+        volumes those still hold."""
+        if self.override.exists():
             self.compose("down", "-v", check=False)
+        label = f"label=io.podman.compose.project={PROJECT}"
+        for kind, extra in (("container", ["-a"]), ("pod", []), ("volume", []), ("network", [])):
+            if kind == "pod":  # the pod carries no labels: podman-compose names it
+                listed = [f"pod_{PROJECT}"]
+            else:
+                listed = subprocess.run(
+                    ["podman", kind, "ls", *extra, "-q", "--filter", label],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                ).stdout.split()
+            if listed:
+                subprocess.run(["podman", kind, "rm", "-f", *listed], capture_output=True)
+
+    def prepare(self) -> SampleUpstream:
+        self.down()
+        if self.workdir.exists():
             shutil.rmtree(self.workdir)
         self.data.mkdir(parents=True)
-        sample = build_sample_upstream(self.data / "upstream-src")
+        sample = _with_slow_commits(build_sample_upstream(self.data / "upstream-src"))
+        (self.data / "spec.yaml").write_text(SPEC)
         (self.data / "policy.yaml").write_text(
             f"repositories:\n  {SAMPLE_REPOSITORY}:\n    backends:\n"
             "      spyre-emu: {level: L3, device: spyre}\n"
@@ -171,6 +258,16 @@ def shard_containers() -> list[dict[str, str]]:
     )
     rows = json.loads(proc.stdout or "[]")
     return [{"id": r["Id"], "owner": r["Labels"][OWNER_LABEL]} for r in rows]
+
+
+def _restarts(container: str) -> int:
+    proc = subprocess.run(
+        ["podman", "inspect", "--format", "{{.RestartCount}}", container],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return int(proc.stdout.strip() or 0)
 
 
 def _get(url: str) -> Any:
@@ -254,7 +351,7 @@ def main() -> None:
                 )
             )
 
-        first = step("run 1: webhook -> completed (one exec worker)", lambda: one_run(-1, 101))
+        first = step("run 1: webhook -> completed (one exec worker)", lambda: one_run(-3, 101))
         print(f"   runs: {[(r['backend'], r['state'], r['counts']) for r in first['runs']]}")
 
         step(
@@ -265,7 +362,7 @@ def main() -> None:
         peak = [0]
 
         def watched_run() -> dict[str, Any]:
-            delivery = stack.send(sample, -2, 102)
+            delivery = stack.send(sample, -2, 102)  # the same tests as run 3
 
             def done() -> dict[str, Any] | None:
                 peak[0] = max(peak[0], len(shard_containers()))
@@ -274,11 +371,11 @@ def main() -> None:
 
             return dict(_until(done, args.timeout, "completed change", every=0.2))
 
-        step("run 2: two exec workers", watched_run)
+        second = step("run 2: two exec workers", watched_run)
         print(f"   shard containers at once, at most: {peak[0]}")
 
         def killed_run() -> tuple[dict[str, Any], str]:
-            delivery = stack.send(sample, -1, 103)  # run 1's change again, in a new PR
+            delivery = stack.send(sample, -1, 103)
             running = _until(shard_containers, args.timeout, "running shard container", every=0.2)
             time.sleep(2)  # into the shard's tests
             host = running[0]["owner"].split(":")[0]
@@ -293,8 +390,25 @@ def main() -> None:
                 ).stdout.strip()
                 == host
             )
-            print(f"   killing {victim} (its shard container {running[0]['id'][:12]})")
-            subprocess.run(["podman", "kill", victim], check=True, capture_output=True)
+            pid = subprocess.run(
+                ["podman", "inspect", "--format", "{{.State.Pid}}", victim],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            print(
+                f"   SIGKILL to {victim} (pid {pid}; its shard container {running[0]['id'][:12]})"
+            )
+            killed_at = time.monotonic()
+            os.kill(int(pid), signal.SIGKILL)
+            _until(lambda: _restarts(victim) >= 1, 120, "restart of the killed worker")
+            print(f"   restarted after {time.monotonic() - killed_at:.1f} s")
+            _until(
+                lambda: running[0]["id"] not in {c["id"] for c in shard_containers()},
+                120,
+                "removal of the orphaned shard container",
+            )
+            print(f"   orphaned shard container removed after {time.monotonic() - killed_at:.1f} s")
             change = _until(
                 lambda: (c := stack.change(delivery)) and c["state"] == "completed" and c,
                 args.timeout,
@@ -304,17 +418,11 @@ def main() -> None:
 
         killed, victim = step("run 3: one exec worker killed mid-shard", killed_run)
         ids, shards = results_of(stack, killed)
-        reference, _ = results_of(stack, first)
-        restarts = subprocess.run(
-            ["podman", "inspect", "--format", "{{.RestartCount}}", victim],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-        print(f"   {victim} restarted {restarts or '?'} time(s); shards {shards}")
-        print(f"   results {len(ids)} ({len(set(ids))} distinct); run 1: {len(reference)}")
+        reference, _ = results_of(stack, second)
+        print(f"   {victim} restarted {_restarts(victim)} time(s); shards {shards}")
+        print(f"   results {len(ids)} ({len(set(ids))} distinct); run 2: {len(reference)}")
         if len(ids) != len(set(ids)) or sorted(ids) != sorted(reference):
-            raise AssertionError("the killed run's results are not run 1's, each once")
+            raise AssertionError("the killed run's results are not run 2's, each once")
         ok = True
     finally:
         if not ok:
@@ -322,7 +430,7 @@ def main() -> None:
         if args.keep:
             print(f"left up: {stack.url} (podman-compose -p {PROJECT} ... down -v to stop)")
         else:
-            step("down (volumes removed)", lambda: stack.compose("down", "-v"))
+            step("down (volumes removed)", stack.down)
     print("== timings")
     for name, seconds in timings:
         print(f"   {name:<55} {seconds:7.1f} s")

@@ -54,3 +54,44 @@ def test_postgresql_has_nothing_to_defer(database_url: str) -> None:
     if stop is not None:
         stop.set()
     db.dispose()
+
+
+UPGRADER = """
+import sys, time
+from pathlib import Path
+from ci_relay.store.database import Database
+db = Database(sys.argv[1])
+go = Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.005)
+db.upgrade()
+"""
+
+
+def test_services_starting_together_migrate_one_at_a_time(tmp_path: Path) -> None:
+    """The compose stack starts the API and its workers at once, each migrating the same new
+    PostgreSQL database on start: one migrates, the others wait and find it done (they
+    raced into CREATE TABLE alembic_version and crashed, seen with bench/bench_compose.py)."""
+    import subprocess
+    import sys
+
+    from tests.relay_fixtures import fresh_postgres_database
+
+    go = tmp_path / "go"
+    with fresh_postgres_database() as url:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", UPGRADER, url, str(go)],
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
+        time.sleep(3)  # every process imported and waits for the same moment
+        go.touch()
+        errors = [(p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in procs]
+        assert [code for code, _ in errors] == [0, 0, 0, 0], errors
+        db = Database(url)
+        with db.session() as s:
+            assert s.execute(text("SELECT count(*) FROM alembic_version")).scalar() == 1
+        db.engine.dispose()

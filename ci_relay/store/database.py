@@ -48,10 +48,19 @@ def alembic_config(url: str) -> Config:
     return config
 
 
+# any constant: the PostgreSQL advisory lock that serializes migrations ("cirelay" in ASCII)
+MIGRATION_LOCK = 0x6369_7265_6C61_79
+
+
 def upgrade(engine: Engine) -> None:
-    """Bring the schema to the newest migration (safe to run on every start)."""
+    """Bring the schema to the newest migration (safe to run on every start). Services that
+    start together (API and workers of a compose stack) each call this: on PostgreSQL they
+    take one advisory lock for the migration's transaction, so one migrates and the others,
+    waiting, then find the schema at head. SQLite's own write lock serializes them there."""
     config = alembic_config(engine.url.render_as_string(hide_password=False))
     with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
 
