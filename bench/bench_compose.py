@@ -434,6 +434,15 @@ def main() -> None:
     print("== timings")
     for name, seconds in timings:
         print(f"   {name:<55} {seconds:7.1f} s")
+    took = {name.split(":")[0]: seconds for name, seconds in timings}
+    if {"run 1", "run 2", "run 3"} <= set(took):  # the baselines: run 1, one exec worker
+        print(
+            f"   two exec workers against one (run 2 / run 1): {took['run 2'] / took['run 1']:.2f}x"
+        )
+        print(
+            f"   with a worker killed (run 3 / run 2): {took['run 3'] / took['run 2']:.2f}x "
+            "(the shard waits for its task's visibility timeout, 60 s here)"
+        )
 
 
 if __name__ == "__main__":

@@ -392,7 +392,7 @@ def test_local_runtime_also_survives_a_crash(tmp_path: Path) -> None:
     )
     report = run_shard(LocalRuntime(), request)
     assert [r.outcome for r in report.results.values()] == ["passed", "crashed", "passed"]
-    assert report.processes == 2
+    assert report.processes == 1  # the child restarted its own test process after the crash
     crashed = report.results["test/test_faults.py::TestFaults::test_b_segfault"]
     assert crashed.details.startswith("the test process died of SIGSEGV\n\n")
     assert "Fatal Python error: Segmentation fault" in crashed.details
@@ -456,11 +456,74 @@ def test_run_with_a_runtime_from_the_cli(
     )
     assert result.code == 1, result.output  # a crash is never an expected outcome
     assert "CRASHED test/test_faults.py::TestFaults::test_b_segfault" in result.stdout
-    assert f"{runtime}: 2 process(es), 1 crashed" in result.stdout
+    assert f"{runtime}: 1 process(es), 1 crashed" in result.stdout
     text = junit.read_text()
     assert 'type="crashed"' in text and 'name="test_a_ok"' in text
     unknown = cli("run", "--spec", spec, "--upstream", upstream, "--runtime", "vm")
     assert unknown.code == 2 and "unknown runtime 'vm'" in unknown.stderr
+
+
+CRASHES = """
+import ctypes
+import os
+import unittest
+
+with open({imports!r}, "a") as log:  # each collection imports the file once
+    log.write("imported\\n")
+
+
+class TestCrashes(unittest.TestCase):
+    def test_a(self):
+        pass
+
+    def test_b(self):
+        ctypes.string_at(0)
+
+    def test_c(self):
+        os._exit(7)
+
+    def test_d(self):
+        os.abort()
+
+    def test_e(self):
+        pass
+"""
+
+
+def test_a_crash_costs_one_test_not_a_collection(tmp_path: Path) -> None:
+    """Issue 27 item 7: three crashing tests in one file, and the file is collected once; each
+    crash is recorded with its own reason and the tests after it run in a test process
+    forked from the collected one (the shard runner restarted the child, which collected the
+    whole file again, per crash)."""
+    upstream = tmp_path / "up"
+    (upstream / "test").mkdir(parents=True)
+    imports = tmp_path / "imports.txt"
+    (upstream / "test" / "test_crashes.py").write_text(CRASHES.format(imports=str(imports)))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("test_faults.py", "test_crashes.py"))
+    request = ShardRequest(
+        tests=[f"test/test_crashes.py::TestCrashes::test_{n}" for n in "abcde"],
+        specs=[spec],
+        upstream=upstream,
+        scratch=tmp_path / "s",
+        per_test_timeout=30,
+    )
+    report = run_shard(LocalRuntime(), request)
+    outcomes = {k.rsplit("_", 1)[-1]: r for k, r in report.results.items()}
+    assert [outcomes[n].outcome for n in "abcde"] == [
+        "passed",
+        "crashed",
+        "crashed",
+        "crashed",
+        "passed",
+    ]
+    assert outcomes["b"].message == "the test process died of SIGSEGV"
+    assert "Fatal Python error: Segmentation fault" in outcomes["b"].details
+    assert "in test_b" in outcomes["b"].details  # faulthandler's stack of the dying test
+    assert outcomes["c"].message == "the test process exited with status 7 mid-test"
+    assert outcomes["d"].message == "the test process died of SIGABRT"
+    assert imports.read_text().count("imported") == 1
+    assert report.processes == 1
 
 
 @pytest.mark.parametrize("at_most, processes", [(3, 2), (2, 1)])

@@ -200,17 +200,25 @@ def test_the_compose_service_images_serve(tmp_path: Path) -> None:
 
 @pytest.mark.container
 def test_images_build_of_unchanged_inputs_fetches_no_wheels(tmp_path: Path) -> None:
-    """Issue 25: the second `images build` of the same checkout (scripts/test.sh runs it on
-    every run) knows the images are current from the checkout alone, without pip."""
+    """Issue 25: the second `images build` of the same sources (scripts/test.sh runs it on
+    every run, CI from a fresh clone elsewhere) knows the images are current from the
+    checkout alone, without pip, wherever the checkout is."""
+    import shutil
+
     from ci_relay.source_digest import own_image_tag
 
+    clone = tmp_path / "elsewhere"  # the same files at another path: CI's fresh clone
+    for name in ("ci_relay", "reuse_specs", "spyre_emu", "test_selection", "docker"):
+        shutil.copytree(ROOT / name, clone / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", clone / "pyproject.toml")
+    work = tmp_path / "work"  # empty: any wheel fetched would land here
     env = {
         "PATH": os.environ["PATH"],
         "HOME": os.environ.get("HOME", "/root"),
-        "CI_RELAY_IMAGE_WORK": str(tmp_path),  # empty: any wheel fetched would land here
+        "CI_RELAY_IMAGE_WORK": str(work),
     }
     proc = subprocess.run(
-        ["bash", str(ROOT / "ci_relay/execution/build_images.sh"), str(ROOT), "runner-spyre-emu"],
+        ["bash", str(clone / "ci_relay/execution/build_images.sh"), str(clone), "runner-spyre-emu"],
         capture_output=True,
         text=True,
         check=False,
@@ -222,7 +230,7 @@ def test_images_build_of_unchanged_inputs_fetches_no_wheels(tmp_path: Path) -> N
             proc.stderr
         )
     assert "building" not in proc.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no wheelhouse, no context
+    assert sorted(p.name for p in work.iterdir()) == []  # no wheelhouse, no context
     tags = subprocess.run(
         ["podman", "image", "exists", f"localhost/ci-relay-runner-spyre-emu:{own_image_tag()}"],
         check=False,

@@ -84,7 +84,7 @@ build() {
   local name=$1 file=$2 make_context=$3; shift 3
   local key digest context image=localhost/ci-relay-$name
   # with the Containerfile, the files of docker/ it copies (named after the image: NAME-*)
-  key=in-$( (echo "$inputs"; { sha256sum "$file" "$root/docker/$name"-* 2>/dev/null || true; }
+  key=in-$( (echo "$inputs"; file_hashes "$file" "$root/docker/$name"-*
              podman image inspect --format '{{.Id}}' "$base"
              echo "$*"; parent_ids "$@"; if [ "$name" = runner-spyre ]; then spyre_wheelhouse_listing; fi) \
             | sha256sum | cut -c1-16)
@@ -95,7 +95,7 @@ build() {
     context=$("$make_context")
     # names and sizes of the wheels, plus ci_relay's own (built reproducibly, so unchanged
     # sources give the same bytes): the same inputs reuse the image
-    digest=$( (sha256sum "$file"; podman image inspect --format '{{.Id}}' "$base"; echo "$*"
+    digest=$( (file_hashes "$file"; podman image inspect --format '{{.Id}}' "$base"; echo "$*"
                parent_ids "$@"; find "$context" -type f ! -name Containerfile -printf '%P %s\n' | sort
                { cat "$context"/wheels/ci_relay-*.whl "$context"/*.sh 2>/dev/null || true; } | sha256sum) \
               | sha256sum | cut -c1-16)
@@ -116,6 +116,12 @@ build() {
     | xargs -r podman rmi >/dev/null 2>&1 || true
 }
 
+file_hashes() {  # name and content of each existing file, not where the checkout is
+  local f
+  for f in "$@"; do
+    if [ -f "$f" ]; then echo "${f##*/} $(sha256sum <"$f")"; fi
+  done
+}
 parent_ids() {  # the image ids of local images named in build args (a rebuilt parent)
   local arg
   for arg in "$@"; do

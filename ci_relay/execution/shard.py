@@ -4,9 +4,11 @@ The shard's tests run in a child process (:mod:`ci_relay.execution.shard_child`)
 runtime, logging each start and result as it happens. When the child dies (segfault, memory limit,
 per-test timeout, shard timeout), the test that was running is recorded as
 crashed, with the reason and the stack ``faulthandler`` printed as it died, and
-the child is started again for the tests not yet run, as PyTorch's ``run_test``
-does. Failures of must-pass tests are rerun once: a pass then marks the test
-flaky rather than broken.
+the tests not yet run go on in a new test process: forked by the child from its already
+collected state (:mod:`.crash_restarts`), or, for a backend not known to be fork-safe or when
+the child itself died, a new child started by the runner, as PyTorch's ``run_test`` does.
+Failures of must-pass tests are rerun once: a pass then marks the test flaky rather than
+broken.
 
 The runtime kills a child whose scratch folder goes over its quota: the running
 test is recorded as crashed, the test-writable part of scratch is wiped (the
@@ -21,25 +23,22 @@ import json
 import logging
 import os
 import shutil
-import signal
 import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ci_relay.execution.excerpt import head_and_tail
-from ci_relay.execution.outcomes import MAX_DETAILS_BYTES
+from ci_relay.execution.crashes import crash_details, why_it_died
 from ci_relay.execution.runtimes import Completed, Invocation, Limits, Runtime
 from ci_relay.execution.spec_run import TestOutcome
 
-FATAL = "Fatal Python error"  # how faulthandler starts the stack it prints on a fatal signal
-OUTPUT_TAIL_BYTES = 4000  # of a dead process's output, when it printed no stack
 MAX_PROGRESS_BYTES = 256 * 1024 * 1024  # of a progress log read back (its end, if longer)
 RUNNER_FILES = ("tests-", "deselect-", "progress-")  # + specs/: what a wipe of scratch keeps
 RERUN_AT_MOST = 20
 TAIL_SECONDS = 1.0  # how often a running child's new results are handed on
 TAIL_READ_BYTES = 8 * 1024 * 1024  # at most this much new progress log per look
+FORK_UNSAFE_BACKENDS = frozenset({"spyre"})  # a card's runtime, unverified after fork()
 
 OnResults = Callable[[list[TestOutcome]], None]
 log = logging.getLogger("ci_relay.execution")
@@ -60,6 +59,16 @@ class ShardRequest:
     # second collection of the shard's files and every failing test again)
     rerun_at_most: int = RERUN_AT_MOST
     label: str | None = None  # only spec entries with this label run (the others: skipped)
+    # after a crash, the child forks its next test process from its collected state instead
+    # of the runner starting (and collecting) a new child: None = the backend's default,
+    # off for a real card whose runtime is not known to be fork-safe
+    restart_in_process: bool | None = None
+
+    @property
+    def restarts_in_process(self) -> bool:
+        if self.restart_in_process is not None:
+            return self.restart_in_process
+        return self.backend not in FORK_UNSAFE_BACKENDS
 
 
 @dataclass
@@ -72,44 +81,6 @@ class ShardReport:
     @property
     def crashed(self) -> list[str]:
         return [r.nodeid for r in self.results.values() if r.outcome == "crashed"]
-
-
-def _why(done: Completed, timeout: float, progress_text: str) -> str:
-    if done.killed_for:
-        return f"the test {done.killed_for} and was killed"
-    if done.timed_out:
-        return "the shard hit its wall-clock limit"
-    if "Timeout (" in progress_text:  # faulthandler's watchdog wrote the stuck stack
-        return f"the test ran longer than its {timeout:g}s timeout and was killed"
-    code = done.returncode
-    signum = -code if code < 0 else code - 128 if code > 128 else 0
-    if signum:
-        try:
-            return f"the test process died of {signal.Signals(signum).name}"
-        except ValueError:
-            pass
-    return f"the test process exited with status {code} mid-test"
-
-
-def _dying_words(progress_text: str, output: str) -> str:
-    """Where the process was when it died: the stack faulthandler's watchdog wrote into the
-    progress log at a timeout, else the one it printed on a fatal signal, else its last output."""
-    last_start = progress_text.rfind('"event": "start"')
-    after = progress_text[last_start:].split("\n", 1)[1] if last_start >= 0 else ""
-    stack = "\n".join(line for line in after.splitlines() if not line.startswith("{"))
-    if stack.strip():
-        return stack.strip()
-    fatal = output.rfind(FATAL)
-    if fatal >= 0:
-        return output[fatal:].strip()
-    tail = output.encode()[-OUTPUT_TAIL_BYTES:].decode("utf-8", "ignore").strip()
-    return f"last output of the test process:\n{tail}" if tail else ""
-
-
-def crash_details(reason: str, progress_text: str, output: str) -> str:
-    """A crashed test's failure text: why it was recorded as crashed, then its stack."""
-    stack = _dying_words(progress_text, output).replace("\x00", "\\x00")
-    return head_and_tail(f"{reason}\n\n{stack}" if stack else reason, MAX_DETAILS_BYTES)
 
 
 EVENTS = ("start", "result", "end")
@@ -286,6 +257,8 @@ def _command(
     argv += ["--progress", str(progress), "--per-test-timeout", str(request.per_test_timeout)]
     if request.label:
         argv += ["--label", request.label]
+    if request.restarts_in_process:
+        argv += ["--restart-in-process"]
     return argv
 
 
@@ -371,7 +344,9 @@ def run_shard(
                     f"(exit {done.returncode}): {last[0][:300]}"
                 )
             break  # the child finished on its own
-        reason = _why(done, request.per_test_timeout, text)
+        reason = why_it_died(
+            done.returncode, request.per_test_timeout, text, done.killed_for, done.timed_out
+        )
         crash = TestOutcome(
             running, "crashed", None, 0.0, reason, details=crash_details(reason, text, done.output)
         )

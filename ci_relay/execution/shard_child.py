@@ -1,23 +1,26 @@
 """The process a shard runs in its runtime: the upstream tests under the reuse specs, with
 the crash-proof progress log and the per-test timeout.
 
-Not ``ci-relay run``: a shard starts this process again after every crash, and on a
-25,000-variant file every second of start-up counts. So it imports pytest, the spec
+Not ``ci-relay run``: a shard may start this process again after a crash (with
+``--restart-in-process`` it forks its own test process instead, :mod:`.crash_restarts`), and
+on a 25,000-variant file every second of start-up counts. So it imports pytest, the spec
 loader and the plugins, nothing of the CLI (Typer, Rich), and skips what the worker has
 already done (drift report, summary table). Its stdout is pytest's, sent to /dev/null
 (results go to the progress log); its stderr carries faulthandler's stack on a crash.
 
     python -m ci_relay.execution.shard_child --upstream DIR --spec FILE ... --backend NAME
         --tests FILE --deselect FILE --progress FILE [--per-test-timeout SECONDS]
-        [--label LABEL]
+        [--label LABEL] [--restart-in-process]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
+from ci_relay.execution import crash_restarts
 from ci_relay.execution.spec_run import (
     EXIT_BAD_INPUT,
     EXIT_INFRASTRUCTURE,
@@ -40,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--progress", type=Path, required=True)
     parser.add_argument("--per-test-timeout", type=float, default=None)
     parser.add_argument("--label", default=None)
+    parser.add_argument("--restart-in-process", action="store_true")
     args = parser.parse_args(argv)
     upstream = args.upstream.resolve()
     try:
@@ -57,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NOTHING_SELECTED
     extra = ["--reuse-deselect", str(args.deselect)]
     extra += ["-p", "ci_relay.execution.progress_plugin", "--progress-log", str(args.progress)]
+    if args.restart_in_process:  # a crash costs one test, not a collection
+        extra += ["-p", "ci_relay.execution.crash_restarts", "--restart-crashes-in-process"]
+        crash_restarts.stderr_fd = os.dup(2)  # before pytest captures fd 2
     if args.per_test_timeout:
         extra += ["--per-test-timeout", str(args.per_test_timeout)]
     result, _ = run_pytest(
@@ -72,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
         upstream,
     )
+    if crash_restarts.exit_code is not None:  # the tests ran in forked processes
+        return crash_restarts.exit_code
     counts = ", ".join(f"{n} {k}" for k, n in sorted(result.counts.items()))
     print(f"shard child: {counts or 'no result'}", file=sys.stderr)
     return result.exit_code

@@ -19,7 +19,7 @@ from ci_relay.execution.outcomes import BAD_OUTCOMES
 GOOD = frozenset({"passed", "xfailed", "xpassed", "flaky"})
 CATEGORIES = ("upstream", "backend", "infra", "flake", "unknown")
 ABSENT = "absent"  # the check ran but the test was not there (removed, renamed, not built)
-# a crash whose reason says the machine, not the test, ended it (see execution.shard._why)
+# a crash whose reason says the machine, not the test, ended it (see execution.crashes.why_it_died)
 INFRA_CRASH_WORDS = ("timeout", "wall-clock", "memory", "quota", "SIGKILL", "before it ran")
 
 

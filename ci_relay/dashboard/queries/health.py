@@ -36,7 +36,7 @@ THRESHOLDS: tuple[tuple[str, str, str, float, bool], ...] = (
     ("timeout_rate", "timeout rate", "ratio", 0.01, True),
     ("pass_rate", "job pass rate", "ratio", 0.90, False),
 )
-# what a run that timed out leaves behind (see ci_relay.execution.shard._why)
+# what a run that timed out leaves behind (see ci_relay.execution.crashes.why_it_died)
 TIMEOUT_WORDS = ("%timeout%", "%wall-clock limit%")
 
 

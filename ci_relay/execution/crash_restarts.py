@@ -1,0 +1,170 @@
+"""pytest plugin for the shard child: a crash costs one test, not a re-collection.
+
+Collecting a big upstream file (importing it, creating its device and dtype variants) takes
+seconds to tens of seconds; a shard restarted after each crash paid it again every time. With
+this plugin the collected process only supervises: it forks a test process that runs the
+remaining items, and when that one dies mid-test (a fatal signal, the per-test timeout's exit,
+``os._exit`` in test code) it records the running test as crashed in the progress log, as the
+shard runner would, and forks the next one from the same collected state, starting at the test
+after the crashed one.
+
+torch's OpenMP pool is not fork-safe once it has threads, so the supervisor keeps torch at one
+thread while it collects (a module may run ops at import) and each test process gets the
+machine's count back. The shard runner stays the backstop: if the supervisor itself dies, or
+after ``MAX_CRASHES`` crashes, it leaves the crash unrecorded and exits, and the runner restarts
+the whole child as before.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import tempfile
+from typing import Any
+
+import pytest
+
+from ci_relay.execution.crashes import crash_details, why_it_died
+
+MAX_CRASHES = 50  # in one process; then the shard runner restarts the child (and collects)
+exit_code: int | None = None  # set when the supervisor ran the tests (for shard_child's exit)
+stderr_fd = 2  # the process's own stderr (shard_child saves it before pytest captures fd 2)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ci-relay crash restarts")
+    group.addoption("--restart-crashes-in-process", action="store_true", default=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("restart_crashes_in_process") and config.getoption("progress_log"):
+        config.pluginmanager.register(
+            CrashRestarts(config.getoption("progress_log"), config.getoption("per_test_timeout")),
+            "ci-relay-crash-restarts",
+        )
+
+
+class CrashRestarts:
+    def __init__(self, progress: str, timeout: float | None) -> None:
+        self.progress, self.timeout = os.path.abspath(progress), timeout or 0.0
+        self.threads: int | None = None
+        try:  # before collection: the supervisor's torch never starts an OpenMP pool
+            import torch
+
+            self.threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+        except ImportError:
+            pass
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
+        option = session.config.option
+        if option.collectonly or (session.testsfailed and not option.continue_on_collection_errors):
+            return None  # pytest's own loop says what happens then
+        global exit_code
+        done: set[str] = set()
+        crashes = 0
+        while True:
+            remaining = [item for item in session.items if item.nodeid not in done]
+            if not remaining:
+                exit_code = 1 if crashes else 0
+                return True
+            offset = os.path.getsize(self.progress)
+            stack_file = tempfile.TemporaryFile()  # noqa: SIM115 (the test process keeps it open)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            supervisor = os.getpid()
+            pid = os.fork()
+            if pid == 0:  # the test process: pytest's own loop over what is left
+                _die_with(supervisor)
+                faulthandler.enable(file=stack_file)  # a fatal signal's stack, for the record
+                if self.threads:
+                    import torch
+
+                    torch.set_num_threads(self.threads)
+                session.items[:] = remaining
+                return None
+            _, status = os.waitpid(pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+            stack_file.seek(0)
+            stack = stack_file.read().decode("utf-8", "replace")
+            stack_file.close()
+            if stack:  # where it would have gone without the supervisor: the child's stderr
+                os.write(stderr_fd, stack.encode())
+            text = _read_from(self.progress, offset)
+            events = _events(text)
+            running = _running(events)
+            done |= {str(e["nodeid"]) for e in events if e["event"] == "result"}
+            if running is None:  # the test process ended on its own (or between two tests)
+                if code == 0 or remaining[-1].nodeid in done:
+                    exit_code = 1 if crashes and code in (0, 4) else code
+                    return True
+                os._exit(code if code > 0 else 128 - code)  # the runner decides what follows
+            crashes += 1
+            if crashes > MAX_CRASHES:
+                os._exit(code if code > 0 else 128 - code)  # the runner records and restarts
+            reason = why_it_died(code, self.timeout, text)
+            self._write(
+                {
+                    "event": "result",
+                    "nodeid": running,
+                    "outcome": "crashed",
+                    "mode": None,
+                    "duration": 0.0,
+                    "message": reason,
+                    "details": crash_details(reason, text, stack),
+                }
+            )
+            self._write({"event": "end", "nodeid": running})
+            done.add(running)
+
+    def _write(self, event: dict[str, Any]) -> None:
+        fd = os.open(self.progress, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, (json.dumps(event) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def _die_with(parent: int) -> None:
+    """A test process never outlives its supervisor (nothing would record its results)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+
+
+def _read_from(path: str, offset: int) -> str:
+    with open(path, "rb") as log:
+        log.seek(offset)
+        return log.read().decode("utf-8", "replace")
+
+
+def _events(text: str) -> list[dict[str, Any]]:
+    events = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(event, dict) and isinstance(event.get("nodeid"), str):
+                events.append(event)
+    return events
+
+
+def _running(events: list[dict[str, Any]]) -> str | None:
+    """The test that had started and not ended when the process died, if one had."""
+    running = None
+    for event in events:
+        if event.get("event") == "start":
+            running = str(event["nodeid"])
+        elif event.get("event") == "end":
+            running = None
+    return running
