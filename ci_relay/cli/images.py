@@ -47,7 +47,6 @@ def images_build(
     ] = False,
 ) -> None:
     """Build images offline (debootstrap base, local wheelhouse); reuses what exists."""
-    import os
     import subprocess
 
     backends = backend or _policy_backends() or ["cpu"]
@@ -62,8 +61,8 @@ def images_build(
     script = root / "ci_relay" / "execution" / "build_images.sh"
     targets = [f"runner-{b}" for b in backends] + (["relay"] if relay else [])
     targets += ["redis", "postgres"] if services else []
-    env = {**os.environ, "CI_RELAY_IMAGE_REFRESH": "1" if refresh else "0"}
-    if subprocess.run(["bash", str(script), str(root), *targets], env=env).returncode:
+    flags = ["--refresh"] if refresh else []
+    if subprocess.run(["bash", str(script), str(root), *flags, *targets]).returncode:
         raise _fail("image build failed (see the messages above)", 1)
     from ci_relay.source_digest import TAG_PREFIX, source_digest
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Build ci-relay's images without a registry: a Debian base from debootstrap, Python packages
 # from a local wheelhouse. Reuses an image whose inputs did not change (tagged by digest).
-# Usage: build_images.sh REPO_ROOT TARGET...   TARGET: runner-cpu | runner-spyre-emu |
+# Usage: build_images.sh REPO_ROOT [--refresh] TARGET...   TARGET: runner-cpu | runner-spyre-emu |
 # runner-spyre | relay | redis | postgres. runner-spyre needs CI_RELAY_SPYRE_BASE_IMAGE and
 # CI_RELAY_SPYRE_WHEELHOUSE; redis and postgres are the compose stack's services, from Debian's
 # packages (no registry needed).
 set -euo pipefail
 root=$1; shift
+refresh=0  # --refresh: resolve the wheels again even if the checkout's inputs are unchanged
+if [ "${1:-}" = --refresh ]; then refresh=1; shift; fi
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(runner-cpu)
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$root/docker/containers.conf}
@@ -88,7 +90,7 @@ build() {
              podman image inspect --format '{{.Id}}' "$base"
              echo "$*"; parent_ids "$@"; if [ "$name" = runner-spyre ]; then spyre_wheelhouse_listing; fi) \
             | sha256sum | cut -c1-16)
-  if [ "${CI_RELAY_IMAGE_REFRESH:-0}" != 1 ] && podman image exists "$image:$key"; then
+  if [ "$refresh" = 0 ] && podman image exists "$image:$key"; then
     say "$image:$key is up to date (same inputs; --refresh fetches the wheels again)"
     digest=$key
   else

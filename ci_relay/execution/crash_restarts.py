@@ -62,8 +62,12 @@ class CrashRestarts:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
         option = session.config.option
-        if option.collectonly or (session.testsfailed and not option.continue_on_collection_errors):
-            return None  # pytest's own loop says what happens then
+        if (
+            not session.items
+            or option.collectonly
+            or (session.testsfailed and not option.continue_on_collection_errors)
+        ):
+            return None  # pytest's own loop says what happens then (nothing to fork for)
         global exit_code
         done: set[str] = set()
         crashes = 0
