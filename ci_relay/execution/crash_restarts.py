@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from ci_relay.execution.crashes import crash_details, why_it_died
+from ci_relay.execution.crashes import crash_details, read_events, why_it_died
 
 MAX_CRASHES = 50  # in one process; then the shard runner restarts the child (and collects)
 exit_code: int | None = None  # set when the supervisor ran the tests (for shard_child's exit)
@@ -99,7 +99,7 @@ class CrashRestarts:
             if stack:  # where it would have gone without the supervisor: the child's stderr
                 os.write(stderr_fd, stack.encode())
             text = _read_from(self.progress, offset)
-            events = _events(text)
+            events = read_events(text)
             running = _running(events)
             done |= {str(e["nodeid"]) for e in events if e["event"] == "result"}
             if running is None:  # the test process ended on its own (or between two tests)
@@ -150,20 +150,7 @@ def _read_from(path: str, offset: int) -> str:
         return log.read().decode("utf-8", "replace")
 
 
-def _events(text: str) -> list[dict[str, Any]]:
-    events = []
-    for line in text.splitlines():
-        if line.startswith("{"):
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(event, dict) and isinstance(event.get("nodeid"), str):
-                events.append(event)
-    return events
-
-
-def _running(events: list[dict[str, Any]]) -> str | None:
+def _running(events: list[dict[str, object]]) -> str | None:
     """The test that had started and not ended when the process died, if one had."""
     running = None
     for event in events:

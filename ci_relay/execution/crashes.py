@@ -1,4 +1,5 @@
-"""Why a test process died mid-test, and the failure text its crashed test gets.
+"""The progress log's events, why a test process died mid-test, and the failure text its
+crashed test gets.
 
 Shared by the shard runner (the whole child process died: a quota kill, the shard's wall
 clock, or a crash it could not restart from) and by the child itself, which restarts its own
@@ -7,6 +8,7 @@ test process after a crash without collecting the files again (:mod:`.progress_p
 
 from __future__ import annotations
 
+import json
 import signal
 
 from ci_relay.execution.excerpt import head_and_tail
@@ -15,6 +17,27 @@ from ci_relay.execution.outcomes import MAX_DETAILS_BYTES
 FATAL = "Fatal Python error"  # how faulthandler starts the stack it prints on a fatal signal
 OUTPUT_TAIL_BYTES = 4000  # of a dead process's output, when it printed no stack
 TIMEOUT_MARK = "Timeout ("  # how faulthandler's watchdog starts the stack it writes
+EVENTS = ("start", "result", "end")
+
+
+def read_events(text: str) -> list[dict[str, object]]:
+    """The log's well-formed events; the test code shares the child's process and can
+    write anything there, so a line that is not one of ours is dropped, never trusted."""
+    events = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by the crash
+            if (
+                isinstance(event, dict)
+                and event.get("event") in EVENTS
+                and isinstance(event.get("nodeid"), str)
+                and (event["event"] != "result" or isinstance(event.get("outcome"), str))
+            ):
+                events.append(event)
+    return events
 
 
 def after_last_start(progress_text: str) -> str:

@@ -19,7 +19,6 @@ the child may have left in scratch (a symlink where its own file goes).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -29,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ci_relay.execution.crashes import crash_details, why_it_died
+from ci_relay.execution.crashes import crash_details, read_events, why_it_died
 from ci_relay.execution.runtimes import Completed, Invocation, Limits, Runtime
 from ci_relay.execution.spec_run import TestOutcome
 
@@ -81,29 +80,6 @@ class ShardReport:
     @property
     def crashed(self) -> list[str]:
         return [r.nodeid for r in self.results.values() if r.outcome == "crashed"]
-
-
-EVENTS = ("start", "result", "end")
-
-
-def _read_events(text: str) -> list[dict[str, object]]:
-    """The log's well-formed events; the test code shares the child's process and can
-    write anything there, so a line that is not one of ours is dropped, never trusted."""
-    events = []
-    for line in text.splitlines():
-        if line.startswith("{"):
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by the crash
-            if (
-                isinstance(event, dict)
-                and event.get("event") in EVENTS
-                and isinstance(event.get("nodeid"), str)
-                and (event["event"] != "result" or isinstance(event.get("outcome"), str))
-            ):
-                events.append(event)
-    return events
 
 
 def _outcome_of(event: dict[str, object]) -> TestOutcome:
@@ -177,7 +153,7 @@ class ProgressTail:
         *lines, self.partial = (self.partial + chunk).split(b"\n")
         if len(self.partial) > TAIL_READ_BYTES:  # one endless line: not a result
             self.partial = b""
-        events = _read_events(b"\n".join(lines).decode(errors="replace"))
+        events = read_events(b"\n".join(lines).decode(errors="replace"))
         found = [_outcome_of(e) for e in events if e.get("event") == "result"]
         if found:
             _hand_on(self.on_results, found)
@@ -299,7 +275,7 @@ def _attempt(
     text = _read_progress(progress)
     if done.killed_for:
         free_scratch(scratch)  # over quota: the next process starts with its space back
-    return done, _read_events(text), text
+    return done, read_events(text), text
 
 
 def run_shard(
