@@ -78,6 +78,12 @@ class Settings(BaseSettings):
     per_test_timeout: float = Field(default=600.0, gt=0)
     shard_memory_mb: int = Field(default=4096, gt=0)
     task_visibility_timeout: int = Field(default=4 * 3600, gt=0)
+    claim_stale_seconds: int = Field(
+        default=600,
+        gt=0,
+        description="a running shard or triage whose worker stopped its heartbeat this long is "
+        "taken over (at most task_visibility_timeout)",
+    )
     reconcile_after_seconds: int = Field(default=60, gt=0)
     # Reports (ci_relay.reporting): where results go, and what we accept from other relays
     report_name: str = Field(default="ci-relay", description="workflow / check name prefix")

@@ -113,7 +113,11 @@ def enqueue(steps: list[Next]) -> None:
 
 
 def _stale() -> timedelta:
-    return timedelta(seconds=runtime().settings.task_visibility_timeout)
+    """How long a claimed job may go without its worker's heartbeat before another worker
+    takes it over: a killed exec worker's shard runs again within minutes, not when the
+    broker's visibility timeout (hours) gives its message back."""
+    settings = runtime().settings
+    return timedelta(seconds=min(settings.claim_stale_seconds, settings.task_visibility_timeout))
 
 
 RETRY: dict[str, Any] = {
