@@ -50,17 +50,20 @@ def test_a_shard_without_heartbeat_is_taken_over_long_before_the_visibility_time
         ids = {"beating": beating.id, "silent": silent.id}
     tasks.configure(rt.settings)
     try:
-        stale = tasks._stale()
-        steps = pipeline.reconcile(rt, older_than=timedelta(seconds=60), stale_after=stale)
+        stale, silent = tasks._stale(), tasks._silent()
+        steps = pipeline.reconcile(
+            rt, older_than=timedelta(seconds=60), stale_after=stale, silent_after=silent
+        )
     finally:
         tasks.configure(Settings())
-    assert stale == timedelta(seconds=30)
+    assert silent == timedelta(seconds=30)
+    assert stale == timedelta(hours=4)  # a selection has no heartbeat: the broker's timeout
     again = {step.arg for step in steps if step.task == "execute"}
     assert again == {ids["silent"]}
     # never later than the broker would give the message back on its own
     assert Settings(task_visibility_timeout=20).claim_stale_seconds == 600
     tasks.configure(Settings(task_visibility_timeout=20))
     try:
-        assert tasks._stale() == timedelta(seconds=20)
+        assert tasks._silent() == timedelta(seconds=20)
     finally:
         tasks.configure(Settings())

@@ -24,9 +24,18 @@ from ci_relay.store.models import (
 )
 
 
-def reconcile(rt: RelayContext, older_than: timedelta, stale_after: timedelta) -> list[Next]:
-    """Work the database says is pending but that may have no message: enqueue it again."""
+def reconcile(
+    rt: RelayContext,
+    older_than: timedelta,
+    stale_after: timedelta,
+    silent_after: timedelta | None = None,
+) -> list[Next]:
+    """Work the database says is pending but that may have no message: enqueue it again.
+    ``stale_after``: a claimed selection or upgrade plan (no heartbeat) is given up on;
+    ``silent_after`` (default the same): a running shard or triage whose worker's heartbeat
+    has stopped (:func:`ci_relay.steps.keep_claimed`) is."""
     cutoff = utcnow() - older_than
+    silent = stale_after if silent_after is None else silent_after
     out: list[Next] = []
     with rt.db.session() as session:
         for pk in session.scalars(
@@ -59,8 +68,7 @@ def reconcile(rt: RelayContext, older_than: timedelta, stale_after: timedelta) -
             select(Shard).where(
                 or_(
                     (Shard.state == ShardState.PENDING) & (Shard.updated_at < cutoff),
-                    (Shard.state == ShardState.RUNNING)
-                    & (Shard.updated_at < utcnow() - stale_after),
+                    (Shard.state == ShardState.RUNNING) & (Shard.updated_at < utcnow() - silent),
                 )
             )
         ):
@@ -74,8 +82,7 @@ def reconcile(rt: RelayContext, older_than: timedelta, stale_after: timedelta) -
             select(Triage).where(
                 or_(
                     (Triage.state == TriageState.PENDING) & (Triage.updated_at < cutoff),
-                    (Triage.state == TriageState.RUNNING)
-                    & (Triage.updated_at < utcnow() - stale_after),
+                    (Triage.state == TriageState.RUNNING) & (Triage.updated_at < utcnow() - silent),
                 )
             )
         ):

@@ -113,9 +113,15 @@ def enqueue(steps: list[Next]) -> None:
 
 
 def _stale() -> timedelta:
-    """How long a claimed job may go without its worker's heartbeat before another worker
-    takes it over: a killed exec worker's shard runs again within minutes, not when the
-    broker's visibility timeout (hours) gives its message back."""
+    """How long a claimed selection or upgrade plan (no heartbeat) may take before another
+    worker takes it over: as long as the broker would keep its message."""
+    return timedelta(seconds=runtime().settings.task_visibility_timeout)
+
+
+def _silent() -> timedelta:
+    """How long a running shard or triage may go without its worker's heartbeat before
+    another worker takes it over: a killed exec worker's shard runs again within minutes, not
+    when the broker's visibility timeout (hours) gives its message back."""
     settings = runtime().settings
     return timedelta(seconds=min(settings.claim_stale_seconds, settings.task_visibility_timeout))
 
@@ -163,7 +169,7 @@ def plan_upgrade(upgrade_id: int) -> None:
 
 @celery_app.task(name="relay.execute_shard", **RETRY)
 def execute_shard(shard_id: int) -> None:
-    _step("execute", shard_id, lambda: pipeline.execute_shard(runtime(), shard_id, _stale()))
+    _step("execute", shard_id, lambda: pipeline.execute_shard(runtime(), shard_id, _silent()))
 
 
 @celery_app.task(name="relay.collect", **RETRY)
@@ -173,7 +179,7 @@ def collect(run_id: int) -> None:
 
 @celery_app.task(name="relay.triage", **RETRY)
 def triage(triage_id: int) -> None:
-    _step("triage", triage_id, lambda: pipeline.triage_run(runtime(), triage_id, _stale()))
+    _step("triage", triage_id, lambda: pipeline.triage_run(runtime(), triage_id, _silent()))
 
 
 # A retry due within this many seconds is queued with a countdown; a later one is left to
@@ -204,6 +210,7 @@ def reconcile_once() -> int:
         rt,
         older_than=timedelta(seconds=rt.settings.reconcile_after_seconds),
         stale_after=_stale(),
+        silent_after=_silent(),
     )
     steps += nightly_steps(rt)
     enqueue(steps)
