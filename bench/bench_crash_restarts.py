@@ -28,6 +28,9 @@ sys.path.insert(0, str(ROOT))
 from ci_relay.execution.runtimes import get_runtime  # noqa: E402
 from ci_relay.execution.shard import ShardReport, ShardRequest, run_shard  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_shard_overhead import PeakMemory  # noqa: E402
+
 TESTS = """
 import ctypes
 from pathlib import Path
@@ -84,7 +87,7 @@ def _tree(work: Path, crashes: int) -> tuple[Path, Path, int]:
 
 def _run(
     runtime_name: str, upstream: Path, spec: Path, scratch: Path, in_process: bool
-) -> tuple[float, ShardReport]:
+) -> tuple[float, ShardReport, int]:
     request = ShardRequest(
         tests=["test/test_opinfo_crashes.py::TestOpInfo::test_named"],
         specs=[spec],
@@ -97,8 +100,9 @@ def _run(
         env={"PYTHONPATH": str(ROOT)},  # the children run this checkout's code
     )
     start = time.monotonic()
-    report = run_shard(get_runtime(runtime_name, "cpu"), request)
-    return time.monotonic() - start, report
+    with PeakMemory(pss=True) as memory:
+        report = run_shard(get_runtime(runtime_name, "cpu"), request)
+    return time.monotonic() - start, report, memory.peak_kb // 1024
 
 
 def main() -> None:
@@ -117,13 +121,14 @@ def main() -> None:
         for n in range(args.rounds):
             for in_process in (False, True):
                 scratch = work / f"scratch-{n}-{in_process}"
-                seconds, report = _run(args.runtime, upstream, spec, scratch, in_process)
+                seconds, report, peak_mb = _run(args.runtime, upstream, spec, scratch, in_process)
                 took[in_process].append(seconds)
                 outcomes[in_process] = {k: r.outcome for k, r in report.results.items()}
                 how = "in-process restarts" if in_process else "a new child per crash"
                 print(
                     f"  round {n + 1}, {how:<22} {seconds:6.1f} s, {report.processes} process(es), "
-                    f"{len(report.crashed)} crashed, {len(report.results)} results",
+                    f"{len(report.crashed)} crashed, {len(report.results)} results, "
+                    f"peak {peak_mb} MB (PSS)",
                     flush=True,
                 )
                 shutil.rmtree(scratch, ignore_errors=True)

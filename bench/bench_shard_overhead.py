@@ -140,9 +140,12 @@ def _in_runtime(runtime: Runtime, argv: list[str], spec: Path, root: Path, scrat
 
 class PeakMemory:
     """The largest total RSS of this process's descendants while the block runs (sampled
-    from /proc every 0.2 s): what a shard's processes hold at their peak."""
+    from /proc every 0.2 s): what a shard's processes hold at their peak. ``pss``: each
+    shared page counted once, split between its sharers (a forked child shares its parent's
+    pages until it writes them; RSS would count them twice)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pss: bool = False) -> None:
+        self.pss = pss
         self.peak_kb = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -157,10 +160,20 @@ class PeakMemory:
 
     def _loop(self) -> None:
         while not self._stop.wait(0.2):
-            self.peak_kb = max(self.peak_kb, _descendants_rss_kb(os.getpid()))
+            self.peak_kb = max(self.peak_kb, _descendants_rss_kb(os.getpid(), self.pss))
 
 
-def _descendants_rss_kb(root: int) -> int:
+def _pss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _descendants_rss_kb(root: int, pss: bool = False) -> int:
     parents: dict[int, int] = {}
     rss: dict[int, int] = {}
     page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
@@ -181,7 +194,7 @@ def _descendants_rss_kb(root: int) -> int:
         children.setdefault(ppid, []).append(pid)
     while frontier:
         for child in children.get(frontier.pop(), []):
-            total += rss.get(child, 0)
+            total += _pss_kb(child) if pss else rss.get(child, 0)
             frontier.append(child)
     return total
 

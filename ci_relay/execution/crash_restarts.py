@@ -18,6 +18,7 @@ the whole child as before.
 from __future__ import annotations
 
 import faulthandler
+import gc
 import json
 import os
 import signal
@@ -69,6 +70,9 @@ class CrashRestarts:
         ):
             return None  # pytest's own loop says what happens then (nothing to fork for)
         global exit_code
+        # the collected state goes to the permanent generation: the test processes' garbage
+        # collections never write its pages, so they stay shared with this process
+        gc.freeze()
         done: set[str] = set()
         crashes = 0
         while True:
