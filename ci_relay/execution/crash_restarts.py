@@ -80,7 +80,7 @@ class CrashRestarts:
             if not remaining:
                 exit_code = 1 if crashes else 0
                 return True
-            offset = os.path.getsize(self.progress)
+            offset = os.lstat(self.progress).st_size
             stack_file = tempfile.TemporaryFile()  # noqa: SIM115 (the test process keeps it open)
             sys.stdout.flush()
             sys.stderr.flush()
@@ -130,7 +130,8 @@ class CrashRestarts:
             done.add(running)
 
     def _write(self, event: dict[str, Any]) -> None:
-        fd = os.open(self.progress, os.O_WRONLY | os.O_APPEND)
+        # never through a symlink the test code may have put in the log's place
+        fd = os.open(self.progress, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
         try:
             os.write(fd, (json.dumps(event) + "\n").encode())
         finally:
@@ -149,7 +150,7 @@ def _die_with(parent: int) -> None:
 
 
 def _read_from(path: str, offset: int) -> str:
-    with open(path, "rb") as log:
+    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as log:
         log.seek(offset)
         return log.read().decode("utf-8", "replace")
 
