@@ -36,11 +36,13 @@ CommitPrefix = Annotated[
         description="a commit id or a prefix of one (anything else finds nothing)",
     ),
 ]
+# a page of a run's failures ends at "FLAKY-RESULT_ID" (ci_relay.dashboard.views.FailureCursor)
+FAILURES_CURSOR = r"^([01])-([0-9]{1,10})$"
 FailuresCursorQuery = Annotated[
     str | None,
     Query(
         max_length=12,
-        pattern=r"^[01]-[0-9]{1,10}$",
+        pattern=FAILURES_CURSOR,
         description="the next page of a run's failures: the `failures_next` of the page before",
     ),
 ]

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, TypeVar
 
+from ci_relay.api_docs import FAILURES_CURSOR
+
 V = TypeVar("V")
 
 
@@ -232,7 +234,7 @@ class Failure:
         return self.outcome == "flaky"
 
 
-_CURSOR = re.compile(r"^([01])-([0-9]{1,10})$")
+_CURSOR = re.compile(FAILURES_CURSOR)  # the same pattern the API documents
 
 
 @dataclass(frozen=True)
