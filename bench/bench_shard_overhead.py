@@ -25,6 +25,13 @@ shard in the isolating runtime (``--runtime``). Each step's peak memory (the lar
 the RSS of the bench's descendant processes, sampled every 0.2 s) is printed beside it: a
 shard's peak is what item 6 bounds.
 
+``--memory`` (issue 27, item 6) runs the shard in the isolating runtime twice, as a worker
+does: streaming its results to a store (the store here only counts them) and, as the
+baseline, with the runner holding every result until the shard ends (``run_shard`` without
+``on_results``). Printed for each: the peak memory of the runner's own process (what the
+worker adds for the shard, above where it started) and of the shard's processes (PSS), and
+the results each got.
+
 Needs a real PyTorch test file (fetched with the search tool's ``read_file``, see
 ``bench/README.md``) in a folder laid out like PyTorch (``ROOT/test/FILE``), and for
 ``--runtime container`` the runner image (``python -m ci_relay images build --backend B``).
@@ -51,6 +58,7 @@ from pathlib import Path
 
 from ci_relay.execution.runtimes import Invocation, Limits, Runtime, get_runtime, work_dir
 from ci_relay.execution.shard import ShardReport, ShardRequest, run_shard
+from ci_relay.execution.spec_run import TestOutcome
 from reuse_specs.upstream_index import generic_test_ids
 
 SPEC = """
@@ -142,25 +150,39 @@ class PeakMemory:
     """The largest total RSS of this process's descendants while the block runs (sampled
     from /proc every 0.2 s): what a shard's processes hold at their peak. ``pss``: each
     shared page counted once, split between its sharers (a forked child shares its parent's
-    pages until it writes them; RSS would count them twice)."""
+    pages until it writes them; RSS would count them twice). ``own_peak_kb``: this process's
+    own largest RSS above what it held when the block began (a runner's cost)."""
 
     def __init__(self, pss: bool = False) -> None:
         self.pss = pss
         self.peak_kb = 0
+        self.own_peak_kb = 0
+        self._own_start = _own_rss_kb()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def __enter__(self) -> PeakMemory:
+        self._own_start = _own_rss_kb()
         self._thread.start()
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._sample()
 
     def _loop(self) -> None:
         while not self._stop.wait(0.2):
-            self.peak_kb = max(self.peak_kb, _descendants_rss_kb(os.getpid(), self.pss))
+            self._sample()
+
+    def _sample(self) -> None:
+        self.peak_kb = max(self.peak_kb, _descendants_rss_kb(os.getpid(), self.pss))
+        self.own_peak_kb = max(self.own_peak_kb, _own_rss_kb() - self._own_start)
+
+
+def _own_rss_kb() -> int:
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * (os.sysconf("SC_PAGE_SIZE") // 1024)
 
 
 def _pss_kb(pid: int) -> int:
@@ -270,6 +292,45 @@ def _split(args: argparse.Namespace, runtime: Runtime, test_file: Path, root: Pa
         print(f"variants, pytest+plugin host: {dict(_junit_counts(work / 'host.xml'))}")
 
 
+def _memory(args: argparse.Namespace, runtime: Runtime, test_file: Path, root: Path) -> None:
+    """The shard as a worker runs it, streaming its results, against the runner holding them
+    all: the runner's own peak and the shard's processes' peak (PSS)."""
+    tests = generic_test_ids(test_file, root)
+    print(f"{test_file.name}: {len(tests)} generic tests on {args.backend}, {runtime.name}")
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        work = Path(tmp)
+        spec, _ini = _write_inputs(work, test_file, args.dtypes)
+        stored: Counter[str] = Counter()
+
+        def store(found: list[TestOutcome]) -> None:  # a database would keep them; we count
+            stored.update("flaky" if r.flaky else r.outcome for r in found)
+
+        print(f"{'mode':30} {'seconds':>8} {'runner MB':>10} {'shard PSS MB':>13}  results")
+        for i, mode in enumerate(("streamed (a worker)", "held by the runner")):
+            stored.clear()
+            request = ShardRequest(
+                tests=tests,
+                specs=[spec],
+                upstream=root,
+                scratch=work / f"shard-{i}",
+                backend=args.backend,
+                limits=LIMITS,
+            )
+            streamed = mode.startswith("streamed")
+            with PeakMemory(pss=True) as memory:
+                start = time.perf_counter()
+                report = run_shard(runtime, request, on_results=store if streamed else None)
+                took = time.perf_counter() - start
+            counts = stored if streamed else Counter(r.outcome for r in report.results.values())
+            print(
+                f"{mode:30} {took:8.1f} {memory.own_peak_kb / 1024:10.1f} "
+                f"{memory.peak_kb / 1024:13.0f}  {sum(counts.values())} "
+                f"{dict(sorted(counts.items()))}",
+                flush=True,
+            )
+            del report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("file", type=Path, help="ROOT/test/test_x.py, a real PyTorch test file")
@@ -278,6 +339,9 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float16,float32", help="the spec's supported dtypes")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--split", action="store_true", help="one round of each step between")
+    parser.add_argument(
+        "--memory", action="store_true", help="the runner's memory, streamed against held"
+    )
     args = parser.parse_args()
     test_file = args.file.resolve()
     root = test_file.parent.parent
@@ -286,6 +350,9 @@ def main() -> None:
     runtime = get_runtime(args.runtime, args.backend)
     if args.split:
         _split(args, runtime, test_file, root)
+        return
+    if args.memory:
+        _memory(args, runtime, test_file, root)
         return
     tests = generic_test_ids(test_file, root)
     with tempfile.TemporaryDirectory(prefix="bench-shard-") as tmp:

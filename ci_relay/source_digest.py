@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 PACKAGES = ("ci_relay", "reuse_specs", "spyre_emu", "test_selection")
@@ -24,29 +25,9 @@ SKIPPED = ("__pycache__", "ci_relay/sample_upstream/commits/")
 TAG_PREFIX = "src-"
 
 
-def source_digest(root: Path) -> str:
-    """16 hex digits over every source file's path and bytes below ``root`` (the folder that
-    holds the packages: a checkout, or site-packages)."""
-    digest = hashlib.sha256()
-    files = sorted(
-        path
-        for package in PACKAGES
-        for path in (root / package).rglob("*")
-        if path.suffix in SUFFIXES and path.is_file()
-    )
-    for path in files:
-        relative = path.relative_to(root).as_posix()
-        if any(skip in relative for skip in SKIPPED):
-            continue
-        digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
-
-
-def input_digest(root: Path) -> str:
-    """16 hex digits over everything an image build reads from a checkout: every file of the
-    packages (templates, scripts and sample data too, not only what ``source_digest`` covers)
-    and ``pyproject.toml`` (dependency ranges, package data). ``images build`` reuses an image
-    built from the same inputs without resolving its wheels again (that takes half a minute)."""
+def _digest(root: Path, keep: Callable[[str], bool]) -> str:
+    """16 hex digits over the path and bytes of every package file below ``root`` whose
+    relative path ``keep`` accepts (compiled files never count)."""
     digest = hashlib.sha256()
     files = sorted(
         path
@@ -54,10 +35,31 @@ def input_digest(root: Path) -> str:
         for path in (root / package).rglob("*")
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
     )
-    for path in [root / "pyproject.toml", *files]:
+    for path in files:
         relative = path.relative_to(root).as_posix()
-        digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
+        if keep(relative):
+            digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
+
+
+def _is_source(relative: str) -> bool:
+    return Path(relative).suffix in SUFFIXES and not any(skip in relative for skip in SKIPPED)
+
+
+def source_digest(root: Path) -> str:
+    """The digest of every source file below ``root`` (the folder that holds the packages: a
+    checkout, or site-packages)."""
+    return _digest(root, _is_source)
+
+
+def input_digest(root: Path) -> str:
+    """The digest of everything an image build reads from a checkout: every file of the
+    packages (templates, scripts and sample data too, not only what ``source_digest`` covers)
+    and ``pyproject.toml`` (dependency ranges, package data). ``images build`` reuses an image
+    built from the same inputs without resolving its wheels again (that takes half a minute)."""
+    pyproject = hashlib.sha256((root / "pyproject.toml").read_bytes()).hexdigest()
+    files = _digest(root, lambda _relative: True)
+    return hashlib.sha256(f"{pyproject}\0{files}".encode()).hexdigest()[:16]
 
 
 @functools.cache

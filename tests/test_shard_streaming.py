@@ -1,4 +1,5 @@
-"""A running shard hands on each result as its test ends, not when the shard ends.
+"""A running shard hands on each result as its test ends, not when the shard ends, and keeps
+none of them itself.
 
 The upstream's second test waits for a file that only the runner's result callback
 creates, after it has seen the first test's result: without streaming, the callback
@@ -11,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from ci_relay.execution.crashes import ProgressReader
 from ci_relay.execution.runtimes import get_runtime, work_dir
-from ci_relay.execution.shard import ProgressTail, ShardRequest, run_shard
+from ci_relay.execution.shard import ResultsHandedOn, ShardRequest, run_shard
 from ci_relay.execution.spec_run import TestOutcome
-
-pytestmark = pytest.mark.slow
 
 UPSTREAM_TEST = """
 import os
@@ -45,6 +45,7 @@ A = "test/test_stream.py::TestStream::test_a_first"
 B = "test/test_stream.py::TestStream::test_b_waits_for_the_runner"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime_name", ["sandbox", "container"])
 def test_results_arrive_while_the_shard_runs(runtime_name: str, tmp_path: Path) -> None:
     upstream = tmp_path / "up"
@@ -54,9 +55,11 @@ def test_results_arrive_while_the_shard_runs(runtime_name: str, tmp_path: Path) 
     spec.write_text(SPEC)
     scratch = tmp_path / "s"
     seen: list[list[str]] = []
+    stored: dict[str, TestOutcome] = {}
 
     def on_results(found: list[TestOutcome]) -> None:
         seen.append([o.nodeid for o in found])
+        stored.update((o.nodeid, o) for o in found)
         if any(o.nodeid == A for o in found):
             (work_dir(scratch) / "go").write_text("")
 
@@ -64,61 +67,85 @@ def test_results_arrive_while_the_shard_runs(runtime_name: str, tmp_path: Path) 
         tests=[A, B], specs=[spec], upstream=upstream, scratch=scratch, per_test_timeout=60
     )
     report = run_shard(get_runtime(runtime_name), request, on_results=on_results)
-    assert report.results[A].outcome == "passed"
-    assert report.results[B].outcome == "passed", report.results[B].details
+    assert stored[A].outcome == "passed"
+    assert stored[B].outcome == "passed", stored[B].details
+    assert report.results == {}  # streamed: the runner holds none of them
+    assert report.counts == {"passed": 2} and report.error is None
     assert seen[0] == [A]  # test_a alone: handed on before test_b ended
     assert [n for batch in seen for n in batch].count(A) == 1  # each result once
 
 
-def test_the_tail_reads_whole_lines_once_and_survives_a_bad_callback(tmp_path: Path) -> None:
+def _results(events: list[dict[str, object]]) -> list[tuple[str, str]]:
+    return [(str(e["nodeid"]), str(e["outcome"])) for e in events if e["event"] == "result"]
+
+
+def test_the_reader_takes_whole_lines_once_and_keeps_the_last_tests_text(tmp_path: Path) -> None:
     log = tmp_path / "progress.jsonl"
-    batches: list[list[str]] = []
-    tail = ProgressTail(log, lambda found: batches.append([o.outcome for o in found]))
-    tail.poll()  # no file yet: nothing, no error
+    reader = ProgressReader(log)
+    assert reader.read() == []  # no file yet: nothing, no error
     first = {"event": "result", "nodeid": "t::a", "outcome": "passed", "mode": None}
     second = {"event": "result", "nodeid": "t::b", "outcome": "failed", "message": "boom"}
     line_b = json.dumps(second)
     log.write_text(json.dumps({"event": "start", "nodeid": "t::a"}) + "\n")
     with log.open("a") as out:
         out.write(json.dumps(first) + "\n" + line_b[:10])  # the child is mid-line
-    tail.poll()
+    assert _results(reader.read()) == [("t::a", "passed")]
     with log.open("a") as out:
         out.write(line_b[10:] + "\nnot json\n")
-    tail.poll()
-    tail.poll()  # nothing new
-    assert batches == [["passed"], ["failed"]]
-
-    def broken(_found: list[TestOutcome]) -> None:
-        raise RuntimeError("database is down")
-
+    assert _results(reader.read()) == [("t::b", "failed")]
+    assert reader.read() == []  # nothing new
+    assert reader.running == "t::a"  # started, never ended
     with log.open("a") as out:
-        out.write(json.dumps(first) + "\n")
-    failing = ProgressTail(log, broken)
-    failing.poll()  # logged, not raised: the shard's final report still stores everything
+        out.write(json.dumps({"event": "start", "nodeid": "t::c"}) + "\nFatal Python error: Segm")
+    assert [e["event"] for batch in reader.drain() for e in batch] == ["start"]
+    assert reader.running == "t::c"
+    # what followed t::c's start, its last line cut by the crash: a crash record quotes it
+    assert reader.since_start.splitlines()[1:] == ["Fatal Python error: Segm"]
+    assert reader.events == 4
 
 
-def test_the_tail_never_reads_through_a_symlink(tmp_path: Path) -> None:
+def test_a_batch_the_store_refused_is_retried_and_never_dropped() -> None:
+    stored: list[str] = []
+    down = True
+
+    def store(found: list[TestOutcome]) -> None:
+        if down:
+            raise RuntimeError("database is down")
+        stored.extend(o.nodeid for o in found)
+
+    results = ResultsHandedOn(store, keep_failures=20)
+    results.add([TestOutcome("t::a", "passed", None, 0.1)])  # logged, kept for the next try
+    with pytest.raises(RuntimeError, match="database is down"):
+        results.flush()  # at the shard's end, still down: the shard fails, loudly
+    down = False
+    results.add([TestOutcome("t::b", "failed", None, 0.1, "boom")])
+    assert stored == ["t::a", "t::b"]
+    results.flush()  # nothing left
+    assert stored == ["t::a", "t::b"]
+    results.add([TestOutcome("t::b", "passed", None, 0.1, flaky=True)])  # a rerun's verdict
+    assert results.counts == {"passed": 1, "flaky": 1} and results.must_pass_failures == 1
+
+
+def test_the_reader_never_reads_through_a_symlink(tmp_path: Path) -> None:
     secret = tmp_path / "secret.jsonl"
     secret.write_text(json.dumps({"event": "result", "nodeid": "x", "outcome": "passed"}) + "\n")
     log = tmp_path / "progress.jsonl"
     log.symlink_to(secret)
-    batches: list[object] = []
-    ProgressTail(log, batches.append).poll()
-    assert batches == []
+    reader = ProgressReader(log)
+    assert reader.read() == [] and list(reader.drain()) == []
 
 
 def test_lines_the_test_code_forged_are_dropped_not_trusted(tmp_path: Path) -> None:
     """The test shares the child's process and may write into the log: a result without a
-    node id, a list, or a bad duration must not stop the tail (or the shard runner)."""
+    node id, a list, or an unknown event must not stop the reader (or the shard runner)."""
     log = tmp_path / "progress.jsonl"
     forged = [
         {"event": "result", "outcome": "passed"},
         ["not", "an", "event"],
         {"event": "result", "nodeid": 5, "outcome": "passed"},
         {"event": "explode", "nodeid": "t::x"},
+        {"event": "result", "nodeid": "t::y", "outcome": 3},
         {"event": "result", "nodeid": "t::c", "outcome": "passed", "duration": "abc"},
     ]
     log.write_text("".join(json.dumps(f) + "\n" for f in forged))
-    seen: list[TestOutcome] = []
-    ProgressTail(log, seen.extend).poll()
-    assert [(o.nodeid, o.duration) for o in seen] == [("t::c", 0.0)]
+    assert _results(ProgressReader(log).read()) == [("t::c", "passed")]

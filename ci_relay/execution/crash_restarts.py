@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from ci_relay.execution.crashes import crash_details, read_events, why_it_died
+from ci_relay.execution.crashes import ProgressReader, crash_details, why_it_died
 
 MAX_CRASHES = 50  # in one process; then the shard runner restarts the child (and collects)
 exit_code: int | None = None  # set when the supervisor ran the tests (for shard_child's exit)
@@ -102,10 +102,10 @@ class CrashRestarts:
             stack_file.close()
             if stack:  # where it would have gone without the supervisor: the child's stderr
                 os.write(stderr_fd, stack.encode())
-            text = _read_from(self.progress, offset)
-            events = read_events(text)
-            running = _running(events)
-            done |= {str(e["nodeid"]) for e in events if e["event"] == "result"}
+            reader = ProgressReader(self.progress, offset)  # a chunk at a time
+            for events in reader.drain():
+                done.update(str(e["nodeid"]) for e in events if e["event"] == "result")
+            running, text = reader.running, reader.since_start
             if running is None:  # the test process ended on its own (or between two tests)
                 if code == 0 or remaining[-1].nodeid in done:
                     exit_code = 1 if crashes and code in (0, 4) else code
@@ -147,20 +147,3 @@ def _die_with(parent: int) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     if os.getppid() != parent:  # it died before the line above
         os._exit(1)
-
-
-def _read_from(path: str, offset: int) -> str:
-    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as log:
-        log.seek(offset)
-        return log.read().decode("utf-8", "replace")
-
-
-def _running(events: list[dict[str, object]]) -> str | None:
-    """The test that had started and not ended when the process died, if one had."""
-    running = None
-    for event in events:
-        if event.get("event") == "start":
-            running = str(event["nodeid"])
-        elif event.get("event") == "end":
-            running = None
-    return running

@@ -10,6 +10,12 @@ the child itself died, a new child started by the runner, as PyTorch's ``run_tes
 Failures of must-pass tests are rerun once: a pass then marks the test flaky rather than
 broken.
 
+Results are handed on as the child logs them (``on_results``, every TAIL_SECONDS and at each
+process's end), and the runner keeps none of them: only their ids, counts, the crashed tests
+and the must-pass failures a rerun may turn flaky, so a 25k-variant shard costs the worker a
+set of ids, not every failure text. A caller that wants them all in memory collects them
+(without ``on_results`` the report does).
+
 The runtime kills a child whose scratch folder goes over its quota: the running
 test is recorded as crashed, the test-writable part of scratch is wiped (the
 runner's own files stay) and the next test runs. The runner never follows what
@@ -19,24 +25,24 @@ the child may have left in scratch (a symlink where its own file goes).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
-import stat
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ci_relay.execution.crashes import crash_details, read_events, why_it_died
+from ci_relay.execution.crashes import ProgressReader, crash_details, why_it_died
 from ci_relay.execution.runtimes import Completed, Invocation, Limits, Runtime
 from ci_relay.execution.spec_run import TestOutcome
 
-MAX_PROGRESS_BYTES = 256 * 1024 * 1024  # of a progress log read back (its end, if longer)
 RUNNER_FILES = ("tests-", "deselect-", "progress-")  # + specs/: what a wipe of scratch keeps
 RERUN_AT_MOST = 20
 TAIL_SECONDS = 1.0  # how often a running child's new results are handed on
-TAIL_READ_BYTES = 8 * 1024 * 1024  # at most this much new progress log per look
+MUST_PASS = (None, "mandatory_success")  # the modes whose failures are rerun for flakes
 FORK_UNSAFE_BACKENDS = frozenset({"spyre"})  # a card's runtime, unverified after fork()
 
 OnResults = Callable[[list[TestOutcome]], None]
@@ -72,14 +78,15 @@ class ShardRequest:
 
 @dataclass
 class ShardReport:
+    """How a shard ended. ``results`` holds every outcome only when the caller streamed
+    none (``run_shard`` without ``on_results``); otherwise they went to ``on_results``."""
+
     results: dict[str, TestOutcome] = field(default_factory=dict)
     processes: int = 0
     log: list[str] = field(default_factory=list)
     error: str | None = None
-
-    @property
-    def crashed(self) -> list[str]:
-        return [r.nodeid for r in self.results.values() if r.outcome == "crashed"]
+    counts: Counter[str] = field(default_factory=Counter)  # stored outcome -> results
+    crashed: list[str] = field(default_factory=list)
 
 
 def _outcome_of(event: dict[str, object]) -> TestOutcome:
@@ -102,68 +109,83 @@ def _seconds(value: object) -> float:
         return 0.0
 
 
-def _open_log(path: Path) -> int | None:
-    """A read descriptor on the child's progress log if it is a regular file (never a
-    FIFO or a symlink the child put in its place)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return fd
+def _stored(outcome: TestOutcome) -> str:
+    return "flaky" if outcome.flaky else outcome.outcome
 
 
-class ProgressTail:
-    """Hands on the results a running child has logged so far, every TAIL_SECONDS, so a
-    caller can store them before the shard ends (time to first result is one test, not
-    one shard). The shard's final report stays the record: this is only early news."""
+class ResultsHandedOn:
+    """What the runner keeps of the results it hands on: each test's stored outcome (not its
+    text), and (up to ``keep_failures``) the must-pass failures a rerun may turn flaky. A later
+    result for a test replaces the earlier one, as it does where they are stored (a crash
+    recorded after the test logged its result, a rerun's flaky verdict). A batch
+    ``on_results`` fails to take is retried with the next one, and :meth:`flush` raises if it
+    still cannot be stored: a result is stored or the shard fails, never silently lost."""
 
-    def __init__(self, path: Path, on_results: OnResults) -> None:
-        self.path, self.on_results = path, on_results
-        self.offset, self.partial = 0, b""
+    def __init__(self, on_results: OnResults, keep_failures: int) -> None:
+        self.on_results, self.keep_failures = on_results, keep_failures
+        self.done: dict[str, str] = {}  # nodeid -> stored outcome
+        self.failures: dict[str, TestOutcome] = {}
+        self.must_pass_failures = 0
+        self.pending: list[TestOutcome] = []
+        self.lock = threading.Lock()
+
+    def add(self, found: list[TestOutcome]) -> None:
+        with self.lock:
+            for outcome in found:
+                first = outcome.nodeid not in self.done
+                self.done[outcome.nodeid] = _stored(outcome)
+                if first and outcome.outcome == "failed" and outcome.mode in MUST_PASS:
+                    self.must_pass_failures += 1
+                    if len(self.failures) <= self.keep_failures:
+                        self.failures[outcome.nodeid] = outcome
+            batch, self.pending = self.pending + found, []
+            if not batch:
+                return
+            try:
+                self.on_results(batch)
+            except Exception:
+                log.exception("storing %d result(s) failed; retried with the next", len(batch))
+                self.pending = batch
+
+    def flush(self) -> None:
+        with self.lock:
+            if self.pending:
+                self.on_results(self.pending)  # raises: the shard's results are not stored
+                self.pending = []
+
+    @property
+    def counts(self) -> Counter[str]:
+        return Counter(self.done.values())
+
+    @property
+    def crashed(self) -> list[str]:
+        return [nodeid for nodeid, outcome in self.done.items() if outcome == "crashed"]
+
+
+class _Tail:
+    """Hands a running child's new events to ``on_events`` every TAIL_SECONDS (time to first
+    result is one test, not one shard), then, once it has ended, the rest of its log."""
+
+    def __init__(
+        self, reader: ProgressReader, on_events: Callable[[list[dict[str, object]]], None]
+    ) -> None:
+        self.reader, self.on_events = reader, on_events
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="progress-tail", daemon=True)
 
-    def __enter__(self) -> ProgressTail:
+    def __enter__(self) -> _Tail:
         self.thread.start()
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self.stopping.set()
         self.thread.join()
+        for events in self.reader.drain():
+            self.on_events(events)
 
     def _loop(self) -> None:
         while not self.stopping.wait(TAIL_SECONDS):
-            self.poll()
-
-    def poll(self) -> None:
-        fd = _open_log(self.path)
-        if fd is None:
-            return
-        try:
-            os.lseek(fd, self.offset, os.SEEK_SET)
-            chunk = os.read(fd, TAIL_READ_BYTES)
-        finally:
-            os.close(fd)
-        if not chunk:
-            return
-        self.offset += len(chunk)
-        *lines, self.partial = (self.partial + chunk).split(b"\n")
-        if len(self.partial) > TAIL_READ_BYTES:  # one endless line: not a result
-            self.partial = b""
-        events = read_events(b"\n".join(lines).decode(errors="replace"))
-        found = [_outcome_of(e) for e in events if e.get("event") == "result"]
-        if found:
-            _hand_on(self.on_results, found)
-
-
-def _hand_on(on_results: OnResults, found: list[TestOutcome]) -> None:
-    try:
-        on_results(found)
-    except Exception:  # early news only: the final report still stores everything
-        log.exception("storing %d streamed result(s) failed", len(found))
+            self.on_events(self.reader.read())
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -175,19 +197,6 @@ def _write(path: Path, data: bytes) -> None:
     with os.fdopen(fd, "wb") as out:
         out.write(data)
     path.chmod(0o644)  # readable by the child's user whatever the worker's umask
-
-
-def _read_progress(path: Path) -> str:
-    """The progress log the child wrote: a regular file only (not a FIFO or a symlink it
-    put there instead), at most its last MAX_PROGRESS_BYTES."""
-    fd = _open_log(path)
-    if fd is None:
-        return ""
-    with os.fdopen(fd, "rb") as progress:
-        size = os.fstat(progress.fileno()).st_size
-        if size > MAX_PROGRESS_BYTES:
-            progress.seek(size - MAX_PROGRESS_BYTES)
-        return progress.read(MAX_PROGRESS_BYTES).decode(errors="replace")
 
 
 def free_scratch(scratch: Path) -> None:
@@ -244,8 +253,11 @@ def _attempt(
     tests: list[str],
     skip: set[str],
     n: int,
-    on_results: OnResults | None = None,
-) -> tuple[Completed, list[dict[str, object]], str]:
+    on_events: Callable[[list[dict[str, object]]], None],
+) -> tuple[Completed, ProgressReader]:
+    """One child process over ``tests`` minus ``skip``; its events go to ``on_events`` as
+    it logs them. Returns how it ended and its log's reader (where it stopped, its last
+    test's text)."""
     scratch = request.scratch
     scratch.mkdir(parents=True, exist_ok=True)
     tests_file, deselect_file = scratch / f"tests-{n}.txt", scratch / f"deselect-{n}.txt"
@@ -270,12 +282,12 @@ def _attempt(
         request.limits,
         outputs=(progress,),
     )
-    with ProgressTail(progress, on_results) if on_results else contextlib.nullcontext():
+    reader = ProgressReader(progress)
+    with _Tail(reader, on_events):
         done = runtime.run(invocation)
-    text = _read_progress(progress)
     if done.killed_for:
         free_scratch(scratch)  # over quota: the next process starts with its space back
-    return done, read_events(text), text
+    return done, reader
 
 
 def run_shard(
@@ -284,79 +296,79 @@ def run_shard(
     max_processes: int = 50,
     on_results: OnResults | None = None,
 ) -> ShardReport:
-    """Run the shard to the end; ``on_results`` (if given) gets results while it runs, in
-    batches, from another thread. Only the returned report is final (a rerun can turn a
-    failure into a flake)."""
+    """Run the shard to the end. ``on_results`` (if given) gets every result as it comes,
+    in batches, from another thread, and a rerun's flaky verdict as a second result for the
+    same test (which replaces the first); without it, ``report.results`` holds them all."""
     report = ShardReport()
-    skip: set[str] = set()
+    if on_results is None:
+        kept = report.results
+        on_results = lambda found: kept.update((r.nodeid, r) for r in found)  # noqa: E731
+    results = ResultsHandedOn(on_results, request.rerun_at_most)
+
+    def on_events(events: list[dict[str, object]]) -> None:
+        results.add([_outcome_of(e) for e in events if e["event"] == "result"])
+
     while report.processes < max_processes:
         report.processes += 1
-        done, events, text = _attempt(
-            runtime, request, request.tests, skip, report.processes, on_results
+        done, reader = _attempt(
+            runtime, request, request.tests, set(results.done), report.processes, on_events
         )
         report.log.append(done.output[-4000:])
-        running: str | None = None
-        for event in events:
-            nodeid = str(event["nodeid"])
-            if event["event"] == "start":
-                running = nodeid
-            elif event["event"] == "result":
-                report.results[nodeid] = _outcome_of(event)
-                skip.add(nodeid)
-            elif event["event"] == "end":
-                running = None
+        running = reader.running
         if running is None and done.killed_for:
-            if events:
+            if reader.events:
                 continue  # killed between two tests: the rest go on in a new process
             report.error = f"the shard's process {done.killed_for} before it ran a test"
             break
         if running is None:
-            if done.returncode not in (0, 1, 4) and not events:
+            if done.returncode not in (0, 1, 4) and not reader.events:
                 report.error = f"the shard could not start tests (exit {done.returncode})"
-            elif not report.results and request.tests:  # fail closed: nothing ran is no pass
+            elif not results.done and request.tests:  # fail closed: nothing ran is no pass
                 last = done.output.strip().splitlines()[-1:] or ["no output"]
                 report.error = (
                     f"the shard ran none of its {len(request.tests)} test(s) "
                     f"(exit {done.returncode}): {last[0][:300]}"
                 )
             break  # the child finished on its own
+        text = reader.since_start
         reason = why_it_died(
             done.returncode, request.per_test_timeout, text, done.killed_for, done.timed_out
         )
-        crash = TestOutcome(
-            running, "crashed", None, 0.0, reason, details=crash_details(reason, text, done.output)
-        )
-        report.results[running] = crash
-        skip.add(running)
-        if on_results is not None:
-            _hand_on(on_results, [crash])
+        details = crash_details(reason, text, done.output)
+        results.add([TestOutcome(running, "crashed", None, 0.0, reason, details=details)])
     if request.rerun_failures:
-        _rerun_failures(runtime, request, report)
+        _rerun_failures(runtime, request, report, results)
+    results.flush()
+    report.counts, report.crashed = results.counts, results.crashed
     return report
 
 
-def _rerun_failures(runtime: Runtime, request: ShardRequest, report: ShardReport) -> None:
-    failed = [
-        r
-        for r in report.results.values()
-        if r.outcome == "failed" and r.mode in (None, "mandatory_success")
-    ]
-    if not failed:
+def _rerun_failures(
+    runtime: Runtime, request: ShardRequest, report: ShardReport, results: ResultsHandedOn
+) -> None:
+    if not results.must_pass_failures:
         return
-    if len(failed) > request.rerun_at_most:
+    if results.must_pass_failures > request.rerun_at_most:
         report.log.append(
-            f"{len(failed)} must-pass failures, more than {request.rerun_at_most}: "
-            "not rerun to look for flakes"
+            f"{results.must_pass_failures} must-pass failures, more than "
+            f"{request.rerun_at_most}: not rerun to look for flakes"
         )
         return
-    keep = {r.nodeid for r in failed}
-    everything_else = set(report.results) - keep
+    failed = results.failures
+
+    def on_events(events: list[dict[str, object]]) -> None:
+        for event in events:
+            nodeid = str(event["nodeid"])
+            if event["event"] == "result" and nodeid in failed and event["outcome"] == "passed":
+                was = failed.pop(nodeid)
+                flaky = dataclasses.replace(
+                    was,
+                    outcome="passed",
+                    flaky=True,
+                    message=f"flaky: failed, then passed on rerun ({was.message})",
+                )
+                results.add([flaky])
+
     report.processes += 1
-    _done, events, _text = _attempt(
-        runtime, request, request.tests, everything_else, report.processes
-    )
-    for event in events:
-        if event["event"] == "result" and event["nodeid"] in keep and event["outcome"] == "passed":
-            record = report.results[str(event["nodeid"])]
-            record.outcome, record.flaky = "passed", True
-            record.message = f"flaky: failed, then passed on rerun ({record.message})"
+    everything_else = set(results.done) - set(failed)
+    _attempt(runtime, request, request.tests, everything_else, report.processes, on_events)

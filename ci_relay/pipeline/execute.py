@@ -1,5 +1,6 @@
 """Step 3: one shard's tests run in the isolation runtime the settings allow, on a claimed
-device slot, and every result is stored."""
+device slot, and every result is stored as it comes (the worker holds none of them: a
+25k-variant shard's failure texts go to the database, not into its memory)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ log = logging.getLogger("ci_relay.pipeline")
 
 
 SHARD_TIMEOUT_SECONDS = 3600
+REPLACE_BATCH = 500  # node ids per DELETE ... IN (...) (SQLite's variable limit)
 
 
 def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> list[Next]:
@@ -53,6 +55,8 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
         run_id, backend, head = shard.run_id, shard.run.backend, shard.run.change.head_sha
         tests = list(shard.test_files)
         label = rt.policy.label_for(shard.run.change.repository, backend)
+        # an earlier attempt's (a worker that died mid-shard): this attempt stores its own
+        session.execute(delete(TestResult).where(TestResult.shard_id == shard_id))
     try:
         with keep_claimed(rt, Shard, shard_id, ShardState.RUNNING, stale_after):
             runtime_name, report = run_tests_at(
@@ -68,8 +72,7 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
     except (RuntimeUnavailable, CheckoutError) as exc:
         log.error("shard %s of run %s not run: %s", shard_id, run_id, exc)
         return _shard_failed(rt, shard_id, run_id, str(exc))
-    results = list(report.results.values())
-    failed = any(r.outcome in BAD_OUTCOMES for r in results)
+    failed = any(report.counts[outcome] for outcome in BAD_OUTCOMES)
     code = 3 if report.error else (1 if failed else 0)
     output = f"runtime {runtime_name}, {report.processes} process(es)\n" + "\n".join(report.log)
     if report.error:
@@ -77,9 +80,6 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
     with rt.db.session() as session:
         shard = session.get(Shard, shard_id)
         assert shard is not None
-        # streamed or an earlier attempt's: the final report replaces them all
-        session.execute(delete(TestResult).where(TestResult.shard_id == shard_id))
-        session.add_all(_row(shard, case) for case in results)
         shard.exit_code = code
         shard.state = ShardState.DONE if code in (0, 1) else ShardState.FAILED
         shard.log_tail = output[-8000:]
@@ -104,13 +104,23 @@ def _row(shard: Shard, case: TestOutcome) -> TestResult:
 
 
 def _store_streamed(rt: RelayContext, shard_id: int, found: list[TestOutcome]) -> None:
-    """Results a running shard has so far, stored as they come so the dashboard shows them;
-    the shard's end replaces them with its final report (reruns may change an outcome)."""
+    """Results of a running shard, stored as they come (the dashboard shows them at once).
+    A later result for a test replaces its earlier one (a rerun's flaky verdict, a crash
+    recorded after the test logged its result)."""
+    latest = {case.nodeid: case for case in found}
     with rt.db.session() as session:
         shard = session.get(Shard, shard_id)
         if shard is None or shard.state != ShardState.RUNNING:
             return
-        session.add_all(_row(shard, case) for case in found)
+        nodeids = list(latest)
+        for start in range(0, len(nodeids), REPLACE_BATCH):
+            session.execute(
+                delete(TestResult).where(
+                    TestResult.shard_id == shard_id,
+                    TestResult.nodeid.in_(nodeids[start : start + REPLACE_BATCH]),
+                )
+            )
+        session.add_all(_row(shard, case) for case in latest.values())
 
 
 def run_tests_at(
