@@ -48,6 +48,9 @@ UPSTREAM_TESTS = frozenset(
         "tests/test_spyre_emu.py::test_second_process_opening_the_device_gets_a_clear_error",
         "tests/test_cli_specs.py::test_spec_drift_never_blocks_a_run",
         "tests/test_workflows.py::test_the_dispatch_job_on_a_closed_pull_request_reports_skipped",
+        # `specs profile-check` traces each OpInfo's sample inputs in the CLI's process
+        "tests/test_published_profile.py::test_the_published_list_checks_clean_against_the_default_profile",
+        "tests/test_published_profile.py::test_a_kernel_or_aten_name_the_profile_refuses_is_an_error",
     }
 )
 

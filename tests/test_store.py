@@ -19,6 +19,8 @@ def _checkpointed_rows(path: Path) -> int:
         return int(reader.execute("SELECT count(*) FROM t").fetchone()[0])
     except sqlite3.OperationalError:  # the table itself is still only in the WAL
         return -1
+    except sqlite3.DatabaseError:  # read mid-checkpoint: the file is being written
+        return -2
     finally:
         reader.close()
 
