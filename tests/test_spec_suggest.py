@@ -55,7 +55,8 @@ def test_suggestions_from_stored_results(cli: Callable[..., CliResult], tmp_path
     repo = GitRepo(tmp_path / "upstream")
     repo.commit("base", {"test/test_ops.py": TESTS.format(counter=str(counter), version=0)})
     # the test's own upstream: running it unisolated is a person's choice, as the settings say
-    rt = upstream_context(tmp_path, repo.path, SPEC, runtime="local")
+    # triage (tests/test_triage.py) would rerun each failure three times: not what this tests
+    rt = upstream_context(tmp_path, repo.path, SPEC, runtime="local", triage_max_tests=0)
     steps: list[Next] = []
     with TestClient(create_app(rt, steps.extend)) as client:
         for number in (1, 2, 3):
