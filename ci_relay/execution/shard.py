@@ -124,20 +124,27 @@ class ResultsHandedOn:
     def __init__(self, on_results: OnResults, keep_failures: int) -> None:
         self.on_results, self.keep_failures = on_results, keep_failures
         self.done: dict[str, str] = {}  # nodeid -> stored outcome
-        self.failures: dict[str, TestOutcome] = {}
-        self.must_pass_failures = 0
+        self.failed: set[str] = set()  # must-pass tests whose latest result is a failure
+        self.failures: dict[str, TestOutcome] = {}  # their results, the first few only
         self.pending: list[TestOutcome] = []
         self.lock = threading.Lock()
+
+    @property
+    def must_pass_failures(self) -> int:
+        return len(self.failed)
 
     def add(self, found: list[TestOutcome]) -> None:
         with self.lock:
             for outcome in found:
-                first = outcome.nodeid not in self.done
-                self.done[outcome.nodeid] = _stored(outcome)
-                if first and outcome.outcome == "failed" and outcome.mode in MUST_PASS:
-                    self.must_pass_failures += 1
+                nodeid = outcome.nodeid
+                self.done[nodeid] = _stored(outcome)
+                if outcome.outcome == "failed" and outcome.mode in MUST_PASS:
+                    self.failed.add(nodeid)
                     if len(self.failures) <= self.keep_failures:
-                        self.failures[outcome.nodeid] = outcome
+                        self.failures[nodeid] = outcome
+                else:  # a first result, or one that replaces a failure
+                    self.failed.discard(nodeid)
+                    self.failures.pop(nodeid, None)
             batch, self.pending = self.pending + found, []
             if not batch:
                 return
