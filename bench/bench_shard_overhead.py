@@ -83,6 +83,13 @@ def _write_inputs(work: Path, test_file: Path, dtypes: str) -> tuple[Path, Path]
     return spec, ini
 
 
+def _request(tests: list[str], spec: Path, root: Path, scratch: Path, backend: str) -> ShardRequest:
+    """The shard every mode runs: the file's tests under the whole-file spec."""
+    return ShardRequest(
+        tests=tests, specs=[spec], upstream=root, scratch=scratch, backend=backend, limits=LIMITS
+    )
+
+
 def _junit_counts(junit: Path) -> Counter[str]:
     counts: Counter[str] = Counter()
     for case in ET.parse(junit).iter("testcase"):
@@ -236,14 +243,7 @@ def _split(args: argparse.Namespace, runtime: Runtime, test_file: Path, root: Pa
         ]
 
         def shard(on: Runtime, name: str) -> Callable[[], object]:
-            request = ShardRequest(
-                tests=tests,
-                specs=[spec],
-                upstream=root,
-                scratch=work / f"shard-{name}",
-                backend=args.backend,
-                limits=LIMITS,
-            )
+            request = _request(tests, spec, root, work / f"shard-{name}", args.backend)
             return lambda: run_shard(on, request)
 
         steps: list[tuple[str, str, Callable[[], object]]] = [
@@ -308,14 +308,7 @@ def _memory(args: argparse.Namespace, runtime: Runtime, test_file: Path, root: P
         print(f"{'mode':30} {'seconds':>8} {'runner MB':>10} {'shard PSS MB':>13}  results")
         for i, mode in enumerate(("streamed (a worker)", "held by the runner")):
             stored.clear()
-            request = ShardRequest(
-                tests=tests,
-                specs=[spec],
-                upstream=root,
-                scratch=work / f"shard-{i}",
-                backend=args.backend,
-                limits=LIMITS,
-            )
+            request = _request(tests, spec, root, work / f"shard-{i}", args.backend)
             streamed = mode.startswith("streamed")
             with PeakMemory(pss=True) as memory:
                 start = time.perf_counter()
@@ -370,14 +363,7 @@ def main() -> None:
             times["host"].append(_host(argv, work / "pytest.ini", work / "host.xml", root))
             argv = _plain_argv(runtime.python, test_file, spec, args.backend, root)
             times["runtime"].append(_in_runtime(runtime, argv, spec, root, work / "plain"))
-            request = ShardRequest(
-                tests=tests,
-                specs=[spec],
-                upstream=root,
-                scratch=work / f"shard-{i}",
-                backend=args.backend,
-                limits=LIMITS,
-            )
+            request = _request(tests, spec, root, work / f"shard-{i}", args.backend)
             start = time.perf_counter()
             report = run_shard(runtime, request)
             times["shard"].append(time.perf_counter() - start)
