@@ -198,7 +198,8 @@ def test_memory_limit_stops_the_allocation(sandbox_report: ShardReport) -> None:
 
 def test_failures_are_rerun_once_to_find_flakes(sandbox_report: ShardReport) -> None:
     record = sandbox_report.results["test/test_faults.py::TestFaults::test_i_flaky"]
-    assert record.outcome == "passed" and record.flaky and "flaky" in record.message
+    why = (record.outcome, record.message, record.details[-2000:])  # a crash says what killed it
+    assert record.outcome == "passed" and record.flaky and "flaky" in record.message, why
 
 
 def _refused(report: ShardReport, name: str) -> str:
