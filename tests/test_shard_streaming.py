@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ci_relay.execution import shard
 from ci_relay.execution.crashes import ProgressReader
 from ci_relay.execution.runtimes import get_runtime, work_dir
 from ci_relay.execution.shard import ResultsHandedOn, ShardRequest, run_shard
@@ -149,4 +150,7 @@ def test_lines_the_test_code_forged_are_dropped_not_trusted(tmp_path: Path) -> N
         {"event": "result", "nodeid": "t::c", "outcome": "passed", "duration": "abc"},
     ]
     log.write_text("".join(json.dumps(f) + "\n" for f in forged))
-    assert _results(ProgressReader(log).read()) == [("t::c", "passed")]
+    events = ProgressReader(log).read()
+    assert _results(events) == [("t::c", "passed")]
+    (result,) = [shard._outcome_of(e) for e in events if e["event"] == "result"]
+    assert result.duration == 0.0  # a duration that is not a number counts as none
