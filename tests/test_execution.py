@@ -198,7 +198,8 @@ def test_memory_limit_stops_the_allocation(sandbox_report: ShardReport) -> None:
 
 def test_failures_are_rerun_once_to_find_flakes(sandbox_report: ShardReport) -> None:
     record = sandbox_report.results["test/test_faults.py::TestFaults::test_i_flaky"]
-    why = (record.outcome, record.message, record.details[-2000:])  # a crash says what killed it
+    # a crash's details hold the stack it died with: where it stood, and the frames under it
+    why = f"{record.outcome}: {record.message}\n{record.details[:3000]}"
     assert record.outcome == "passed" and record.flaky and "flaky" in record.message, why
 
 
@@ -553,3 +554,57 @@ def test_many_failures_are_not_rerun_for_flakes(
     assert report.processes == processes
     said = "3 must-pass failures, more than 2: not rerun to look for flakes"
     assert (said in report.log) is (processes == 1)
+
+
+FIRST_IMPORTS = """
+import os
+import sys
+
+from torch.testing._internal.common_utils import TestCase  # its run() imports torch._dynamo
+
+
+def test_a_first_in_its_process():
+    assert "torch._dynamo" in sys.modules, "torch._dynamo is not imported yet"
+
+
+def test_b_crash():
+    os._exit(9)
+
+
+def test_c_first_after_the_crash():
+    assert "torch._dynamo" in sys.modules, "torch._dynamo is not imported yet"
+
+
+class TestLater(TestCase):
+    def test_d(self):
+        pass
+"""
+
+
+def test_what_a_first_test_imports_is_imported_once_before_the_forks(tmp_path: Path) -> None:
+    """torch's TestCase imports torch._dynamo (seconds) when it runs its first test; the
+    supervisor imports it before forking, so no test process (the first, or the one after a
+    crash) pays it again inside a test's timeout."""
+    upstream = tmp_path / "up"
+    (upstream / "test").mkdir(parents=True)
+    (upstream / "test" / "test_first.py").write_text(FIRST_IMPORTS)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("test_faults.py", "test_first.py"))
+    names = ["test_a_first_in_its_process", "test_b_crash", "test_c_first_after_the_crash"]
+    request = ShardRequest(
+        tests=[f"test/test_first.py::{n}" for n in names]
+        + ["test/test_first.py::TestLater::test_d"],
+        specs=[spec],
+        upstream=upstream,
+        scratch=tmp_path / "s",
+        per_test_timeout=60,
+    )
+    report = run_shard(LocalRuntime(), request)
+    got = {k.split("::")[-1]: (r.outcome, r.message) for k, r in report.results.items()}
+    assert got == {
+        "test_a_first_in_its_process": ("passed", ""),
+        "test_b_crash": ("crashed", "the test process exited with status 9 mid-test"),
+        "test_c_first_after_the_crash": ("passed", ""),
+        "test_d": ("passed", ""),
+    }
+    assert report.processes == 1

@@ -13,12 +13,18 @@ thread while it collects (a module may run ops at import) and each test process 
 machine's count back. The shard runner stays the backstop: if the supervisor itself dies, or
 after ``MAX_CRASHES`` crashes, it leaves the crash unrecorded and exits, and the runner restarts
 the whole child as before.
+
+What every test process would import on its first test is imported once, before the first fork
+(``FIRST_TEST_IMPORTS``): torch's ``TestCase`` sets the compiler stance when it runs a test,
+which imports ``torch._dynamo`` (1-3 s of CPU); done in each test process, a crash cost that
+again, and under load the next test could pass its timeout before its body ran.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import gc
+import importlib
 import json
 import os
 import signal
@@ -30,6 +36,9 @@ import pytest
 
 from ci_relay.execution.crashes import ProgressReader, crash_details, why_it_died
 
+# module the collected tests use -> what their first test imports (then cached in the
+# supervisor, shared with every forked test process)
+FIRST_TEST_IMPORTS = {"torch.testing._internal.common_utils": ("torch._dynamo",)}
 MAX_CRASHES = 50  # in one process; then the shard runner restarts the child (and collects)
 exit_code: int | None = None  # set when the supervisor ran the tests (for shard_child's exit)
 stderr_fd = 2  # the process's own stderr (shard_child saves it before pytest captures fd 2)
@@ -70,6 +79,7 @@ class CrashRestarts:
         ):
             return None  # pytest's own loop says what happens then (nothing to fork for)
         global exit_code
+        _import_ahead()
         # the collected state goes to the permanent generation: the test processes' garbage
         # collections never write its pages, so they stay shared with this process
         gc.freeze()
@@ -136,6 +146,20 @@ class CrashRestarts:
             os.write(fd, (json.dumps(event) + "\n").encode())
         finally:
             os.close(fd)
+
+
+def _import_ahead() -> None:
+    """Import now what each test process would import on its first test (its own time)."""
+    for user, modules in FIRST_TEST_IMPORTS.items():
+        if user not in sys.modules:
+            continue
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # the tests meet it again and record it
+                os.write(
+                    stderr_fd, f"crash restarts: could not import {name} ahead: {exc}\n".encode()
+                )
 
 
 def _die_with(parent: int) -> None:

@@ -47,11 +47,6 @@ def parse_event(line: str) -> dict[str, object] | None:
     return None
 
 
-def read_events(text: str) -> list[dict[str, object]]:
-    """The log's well-formed events, in order (see :func:`parse_event`)."""
-    return [e for e in map(parse_event, text.splitlines()) if e is not None]
-
-
 def open_log(path: Path | str) -> int | None:
     """A read descriptor on a progress log if it is a regular file (never a FIFO or a
     symlink the test code put in its place)."""
