@@ -4,10 +4,12 @@ bomb) fail or are killed without getting out."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import secrets
 import shutil
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -308,7 +310,9 @@ def test_a_fork_bomb_is_contained(escape_report: tuple[ShardReport, Path]) -> No
     outcome, message, details = _escape(report, "test_za_fork_bomb")
     assert outcome == "crashed" and f"longer than its {ESCAPE_TIMEOUT}s timeout" in message
     assert "in test_za_fork_bomb" in details  # refused and holding on: killed at its timeout
-    assert _escape(report, "test_zb_ok_after_fork_bomb")[0] == "passed"  # none left over
+    after = report.results["test/test_faults.py::TestFaults::test_zb_ok_after_fork_bomb"]
+    # none left over: at once, in the process forked after the bomb's (not only on a rerun)
+    assert (after.outcome, after.flaky) == ("passed", False), after.message
 
 
 @pytest.mark.parametrize("name", ["sandbox", "container"])
@@ -608,3 +612,65 @@ def test_what_a_first_test_imports_is_imported_once_before_the_forks(tmp_path: P
         "test_d": ("passed", ""),
     }
     assert report.processes == 1
+
+
+LEFTOVERS = """
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+PIDS = {pids!r}
+
+
+class TestLeftovers(unittest.TestCase):
+    def test_a_start_a_daemon_then_hang(self):
+        daemon = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True
+        )
+        with open(PIDS, "w") as out:
+            out.write(str(daemon.pid))
+        time.sleep(3600)  # killed at its timeout; its daemon is in another session
+
+    def test_b_nothing_left(self):
+        with open(PIDS) as saved:
+            pid = int(saved.read())
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        with open(f"/proc/{{pid}}/stat") as stat:
+            self.fail(f"the daemon {{pid}} is still here: {{stat.read()}}")
+"""
+
+
+def test_what_a_dead_test_left_running_is_ended_before_the_next_test(tmp_path: Path) -> None:
+    """A test that started a daemon (its own session, so no process group reaches it) and
+    then timed out: the supervisor is the daemon's subreaper and ends it before it forks the
+    next test process."""
+    upstream = tmp_path / "up"
+    (upstream / "test").mkdir(parents=True)
+    pids = tmp_path / "daemon.pid"
+    (upstream / "test" / "test_leftovers.py").write_text(LEFTOVERS.format(pids=str(pids)))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("test_faults.py", "test_leftovers.py"))
+    names = ["test_a_start_a_daemon_then_hang", "test_b_nothing_left"]
+    request = ShardRequest(
+        tests=[f"test/test_leftovers.py::TestLeftovers::{n}" for n in names],
+        specs=[spec],
+        upstream=upstream,
+        scratch=tmp_path / "s",
+        per_test_timeout=5,
+        rerun_failures=False,
+    )
+    try:
+        report = run_shard(LocalRuntime(), request)
+        got = {k.rsplit("::", 1)[1]: (r.outcome, r.message) for k, r in report.results.items()}
+        assert got["test_a_start_a_daemon_then_hang"][0] == "crashed"
+        assert got["test_b_nothing_left"] == ("passed", ""), got
+        assert report.processes == 1
+    finally:  # never leave it running, whatever happened
+        if pids.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pids.read_text()), signal.SIGKILL)

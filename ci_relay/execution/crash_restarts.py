@@ -14,6 +14,12 @@ machine's count back. The shard runner stays the backstop: if the supervisor its
 after ``MAX_CRASHES`` crashes, it leaves the crash unrecorded and exits, and the runner restarts
 the whole child as before.
 
+The supervisor is the subreaper of its test processes' descendants: what a test process left
+running when it ended (a fork bomb's processes, a server it started, then the test timed out)
+comes back to the supervisor, which kills and reaps it before it forks the next test process,
+so the next test starts with the sandbox's process limit free and no stranger running beside
+it (before, they lived until the whole child ended).
+
 What every test process would import on its first test is imported once, before the first fork
 (``FIRST_TEST_IMPORTS``): torch's ``TestCase`` sets the compiler stance when it runs a test,
 which imports ``torch._dynamo`` (1-3 s of CPU); done in each test process, a crash cost that
@@ -22,6 +28,8 @@ again, and under load the next test could pass its timeout before its body ran.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import faulthandler
 import gc
 import importlib
@@ -30,6 +38,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from typing import Any
 
 import pytest
@@ -39,6 +48,8 @@ from ci_relay.execution.crashes import ProgressReader, crash_details, why_it_die
 # module the collected tests use -> what their first test imports (then cached in the
 # supervisor, shared with every forked test process)
 FIRST_TEST_IMPORTS = {"torch.testing._internal.common_utils": ("torch._dynamo",)}
+LEFTOVER_SECONDS = 10.0  # to kill and reap what a test process left; then the runner decides
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36  # prctl(2)
 MAX_CRASHES = 50  # in one process; then the shard runner restarts the child (and collects)
 exit_code: int | None = None  # set when the supervisor ran the tests (for shard_child's exit)
 stderr_fd = 2  # the process's own stderr (shard_child saves it before pytest captures fd 2)
@@ -83,6 +94,7 @@ class CrashRestarts:
         # the collected state goes to the permanent generation: the test processes' garbage
         # collections never write its pages, so they stay shared with this process
         gc.freeze()
+        own = _children() if _prctl(PR_SET_CHILD_SUBREAPER, 1) else None  # before any fork
         done: set[str] = set()
         crashes = 0
         while True:
@@ -107,6 +119,8 @@ class CrashRestarts:
                 return None
             _, status = os.waitpid(pid, 0)
             code = os.waitstatus_to_exitcode(status)
+            if own is not None and not _end_leftovers(own):
+                os._exit(code if code > 0 else 128 - code)  # the runner ends the whole child
             stack_file.seek(0)
             stack = stack_file.read().decode("utf-8", "replace")
             stack_file.close()
@@ -164,10 +178,54 @@ def _import_ahead() -> None:
 
 def _die_with(parent: int) -> None:
     """A test process never outlives its supervisor (nothing would record its results)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # it died before the line above
         os._exit(1)
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    return bool(ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value, 0, 0, 0) == 0)
+
+
+def _children() -> set[int]:
+    """This process's children, zombies included (from /proc: the kernel's per-task
+    ``children`` file is not built into every kernel)."""
+    me, found = os.getpid(), set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[-1].split()  # after the command's name
+        except OSError:
+            continue  # ended meanwhile
+        if len(fields) > 1 and fields[1] == str(me).encode():
+            found.add(int(entry.name))
+    return found
+
+
+def _end_leftovers(own: set[int]) -> bool:
+    """Kill and reap every process the ended test process left (they came here: this process
+    is their subreaper), until none is left; False if some outlived LEFTOVER_SECONDS."""
+    deadline = time.monotonic() + LEFTOVER_SECONDS
+    ended = 0
+    while left := _children() - own:
+        if time.monotonic() > deadline:
+            os.write(
+                stderr_fd,
+                f"crash restarts: {len(left)} leftover process(es) would not end\n".encode(),
+            )
+            return False
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in left:
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    ended += 1
+        time.sleep(0.01)
+    if ended:
+        os.write(stderr_fd, f"crash restarts: ended {ended} process(es) the tests left\n".encode())
+    return True
