@@ -36,6 +36,10 @@ fi
 phase ruff sh -c "\"$PY\" -m ruff check . && \"$PY\" -m ruff format --check ."
 BIN=$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
 phase workflows sh -c "\"$BIN/actionlint\" -config-file workflows/actionlint.yaml workflows/*.yml && \"$BIN/zizmor\" --offline --quiet --no-progress workflows/*.yml"
+# bytecode (pytest's rewritten modules too) goes to a cache outside the checkout and every
+# upstream tree, so each of the suite's processes and CLI runs compiles a module only once
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/ci-relay/pycache}
+unset PYTHONDONTWRITEBYTECODE
 # mypy's cache outside the checkout: a fresh clone (CI) checks only what changed
 export MYPY_CACHE_DIR=${MYPY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ci-relay/mypy}
 phase mypy "$PY" -m mypy

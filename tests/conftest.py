@@ -165,7 +165,9 @@ def cli(tmp_path: Path) -> Callable[..., CliResult]:
         # the caller's own upstream and spec label would change what the command does
         ambient = ("TORCH_ROOT", "TORCH_SPYRE_TEST_TYPE")
         full_env = {k: v for k, v in os.environ.items() if k not in ambient}
-        full_env.update({"COLUMNS": "200", "PYTHONDONTWRITEBYTECODE": "1"})
+        full_env["COLUMNS"] = "200"
+        if not full_env.get("PYTHONPYCACHEPREFIX"):  # else bytecode goes there, not in trees
+            full_env["PYTHONDONTWRITEBYTECODE"] = "1"
         full_env.update(env or {})
         proc = subprocess.run(
             [sys.executable, "-m", "ci_relay", *map(str, args)],

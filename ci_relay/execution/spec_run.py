@@ -204,7 +204,9 @@ def run_pytest(
     result = RunResult()
     collector = _ResultCollector(result, on_total, on_outcome)
     saved = sys.dont_write_bytecode
-    sys.dont_write_bytecode = True
+    # bytecode (pytest's rewritten modules too) is written only where it cannot land in the
+    # upstream tree: under the cache folder PYTHONPYCACHEPREFIX names, if one is set
+    sys.dont_write_bytecode = saved or not sys.pycache_prefix
     try:
         with (
             _ini_for(upstream) as ini,
