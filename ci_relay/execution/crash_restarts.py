@@ -119,8 +119,7 @@ class CrashRestarts:
                 return None
             _, status = os.waitpid(pid, 0)
             code = os.waitstatus_to_exitcode(status)
-            if own is not None and not _end_leftovers(own):
-                os._exit(code if code > 0 else 128 - code)  # the runner ends the whole child
+            clean = own is None or _end_leftovers(own)
             stack_file.seek(0)
             stack = stack_file.read().decode("utf-8", "replace")
             stack_file.close()
@@ -136,7 +135,7 @@ class CrashRestarts:
                     return True
                 os._exit(code if code > 0 else 128 - code)  # the runner decides what follows
             crashes += 1
-            if crashes > MAX_CRASHES:
+            if crashes > MAX_CRASHES or not clean:  # (or what the test left would not end)
                 os._exit(code if code > 0 else 128 - code)  # the runner records and restarts
             reason = why_it_died(code, self.timeout, text)
             self._write(
