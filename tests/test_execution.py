@@ -496,17 +496,25 @@ class TestCrashes(unittest.TestCase):
 """
 
 
+def _one_file_upstream(tmp_path: Path, name: str, source: str) -> tuple[Path, Path]:
+    """An upstream tree holding test/NAME with SOURCE, and a spec that runs that file
+    (unlisted tests must pass); returns (upstream, spec)."""
+    upstream = tmp_path / "up"
+    (upstream / "test").mkdir(parents=True)
+    (upstream / "test" / name).write_text(source)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("test_faults.py", name))
+    return upstream, spec
+
+
 def test_a_crash_costs_one_test_not_a_collection(tmp_path: Path) -> None:
     """Issue 27 item 7: three crashing tests in one file, and the file is collected once; each
     crash is recorded with its own reason and the tests after it run in a test process
     forked from the collected one (the shard runner restarted the child, which collected the
     whole file again, per crash)."""
-    upstream = tmp_path / "up"
-    (upstream / "test").mkdir(parents=True)
     imports = tmp_path / "imports.txt"
-    (upstream / "test" / "test_crashes.py").write_text(CRASHES.format(imports=str(imports)))
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC.replace("test_faults.py", "test_crashes.py"))
+    source = CRASHES.format(imports=str(imports))
+    upstream, spec = _one_file_upstream(tmp_path, "test_crashes.py", source)
     request = ShardRequest(
         tests=[f"test/test_crashes.py::TestCrashes::test_{n}" for n in "abcde"],
         specs=[spec],
@@ -539,13 +547,9 @@ def test_many_failures_are_not_rerun_for_flakes(
     """Three must-pass failures: rerun when the cap allows three, else left as failures
     and the log says why (hundreds of failures are not flakes; a rerun would cost a
     second collection and every failing test again)."""
-    upstream = tmp_path / "up"
-    (upstream / "test").mkdir(parents=True)
     body = "import unittest\n\n\nclass TestMany(unittest.TestCase):\n"
     body += "".join(f"    def test_{n}(self):\n        self.fail('no')\n\n" for n in "abc")
-    (upstream / "test" / "test_many.py").write_text(body)
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC.replace("test_faults.py", "test_many.py"))
+    upstream, spec = _one_file_upstream(tmp_path, "test_many.py", body)
     request = ShardRequest(
         tests=[f"test/test_many.py::TestMany::test_{n}" for n in "abc"],
         specs=[spec],
@@ -589,11 +593,7 @@ def test_what_a_first_test_imports_is_imported_once_before_the_forks(tmp_path: P
     """torch's TestCase imports torch._dynamo (seconds) when it runs its first test; the
     supervisor imports it before forking, so no test process (the first, or the one after a
     crash) pays it again inside a test's timeout."""
-    upstream = tmp_path / "up"
-    (upstream / "test").mkdir(parents=True)
-    (upstream / "test" / "test_first.py").write_text(FIRST_IMPORTS)
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC.replace("test_faults.py", "test_first.py"))
+    upstream, spec = _one_file_upstream(tmp_path, "test_first.py", FIRST_IMPORTS)
     names = ["test_a_first_in_its_process", "test_b_crash", "test_c_first_after_the_crash"]
     request = ShardRequest(
         tests=[f"test/test_first.py::{n}" for n in names]
@@ -649,12 +649,9 @@ def test_what_a_dead_test_left_running_is_ended_before_the_next_test(tmp_path: P
     """A test that started a daemon (its own session, so no process group reaches it) and
     then timed out: the supervisor is the daemon's subreaper and ends it before it forks the
     next test process."""
-    upstream = tmp_path / "up"
-    (upstream / "test").mkdir(parents=True)
     pids = tmp_path / "daemon.pid"
-    (upstream / "test" / "test_leftovers.py").write_text(LEFTOVERS.format(pids=str(pids)))
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC.replace("test_faults.py", "test_leftovers.py"))
+    source = LEFTOVERS.format(pids=str(pids))
+    upstream, spec = _one_file_upstream(tmp_path, "test_leftovers.py", source)
     names = ["test_a_start_a_daemon_then_hang", "test_b_nothing_left"]
     request = ShardRequest(
         tests=[f"test/test_leftovers.py::TestLeftovers::{n}" for n in names],
