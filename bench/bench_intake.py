@@ -1,6 +1,6 @@
 """Webhook intake under load: sustained deliveries/s and p50/p99 ack latency.
 
-A load generator on loopback sends signed real payloads (``../shared/fixtures``)
+A load generator on loopback sends signed real payloads (``tests/data/github``)
 at a fixed rate to (1) a bare FastAPI endpoint that only answers 202 and (2) the
 relay on SQLite with the embedded broker and on PostgreSQL with Redis, each in
 its own uvicorn process, and counts the stored rows afterwards (loss). Bounded:
@@ -34,9 +34,7 @@ from ci_relay.intake.signature import sign
 from ci_relay.store.models import Delivery
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = (
-    ROOT.parent / "shared" / "fixtures" / "github" / "pull_request" / "synchronize.payload.json"
-)
+FIXTURE = ROOT / "tests" / "data" / "github" / "pull_request" / "synchronize.payload.json"
 SECRET = "bench-secret"
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 WARM_UP = 50  # deliveries sent (and stored) before measuring

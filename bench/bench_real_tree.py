@@ -10,8 +10,8 @@ first stored result, time to completion, the run's counts against ``ci-relay spe
 count of the same universe (a loss shows as a difference), and the peak resident memory of
 the API process, the worker process and every shard container (sampled each second).
 
-    python bench/real_tree.py /work/scratch/real /work/scratch/real-tree --force
-    python bench/bench_real_tree.py /work/scratch/real-tree [--shards 2] [--files test/x.py ...]
+    python bench/real_tree.py $SCRATCH/real $SCRATCH/real-tree --force
+    python bench/bench_real_tree.py $SCRATCH/real-tree [--shards 2] [--files test/x.py ...]
 """
 
 from __future__ import annotations

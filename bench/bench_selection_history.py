@@ -1,6 +1,7 @@
 """Selection on real history, judged by the shared yardstick, leave one repository out.
 
-The yardstick is ``../shared/bench/select_eval.py`` (read its docstring): for each of a
+The yardstick is ``select_eval.py``, the selection judge the project's steering keeps outside
+this repository (pass its path with ``--yardstick``; read its docstring): for each of a
 history's newest eligible commits it hides the commit's test edits, asks for tests from the
 source change alone, and charges every selector by the test functions it runs. This bench
 imports that script and replays the same commits with the same truth, universe and costs,
@@ -22,9 +23,12 @@ Needs histories the search tool fetches (not in the repository); clone each to a
 folder (the yardstick adds objects and refs to it):
 
     # with the search tool: fetch github:pytorch/rl  (likewise the others)
-    git clone -q --no-checkout /work/.mirror/pytorch+rl/repo /work/scratch/rl
-    python bench/bench_selection_history.py /work/scratch/rl /work/scratch/torchtune \\
-        /work/scratch/tensordict /work/scratch/networkx /work/scratch/dask --commits 200
+    git clone -q --no-checkout $MIRROR_rl $SCRATCH/rl
+    python bench/bench_selection_history.py --yardstick PATH/select_eval.py $SCRATCH/rl \\
+        $SCRATCH/torchtune $SCRATCH/tensordict $SCRATCH/networkx $SCRATCH/dask --commits 200
+
+(``$MIRROR_rl``: the bare git folder fetch printed for pytorch/rl; ``$SCRATCH``: any folder
+outside this repository.)
 """
 
 from __future__ import annotations
@@ -49,7 +53,6 @@ sys.path.insert(0, str(ROOT))
 from test_selection.selector import SelectorConfig, select  # noqa: E402
 from test_selection.types import Budget  # noqa: E402
 
-YARDSTICK = ROOT.parent / "shared" / "bench" / "select_eval.py"
 BUDGETS = (0.15, 0.05)
 FILE_WEIGHTS = (0.1, 0.3)
 GOAL_FILE_MARGIN = 0.05  # test-file recall >= combo + this, at both budgets
@@ -214,7 +217,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("repos", nargs="*", help="clones of the histories (the yardstick writes refs)")
     ap.add_argument("--commits", type=int, default=200)
-    ap.add_argument("--yardstick", default=str(YARDSTICK))
+    ap.add_argument(
+        "--yardstick",
+        help="path of select_eval.py, the shared selection judge (not part of this "
+        "repository); needed to replay, not with --load",
+    )
     ap.add_argument("--file-weights", default=",".join(str(w) for w in FILE_WEIGHTS))
     ap.add_argument("--jobs", type=int, default=2, help="histories replayed at once")
     ap.add_argument("--agent", default="local", help="local (as ci-relay select) | none")
@@ -232,6 +239,8 @@ def main() -> int:
         "history can be saved apart and the table printed over all of them)",
     )
     args = ap.parse_args()
+    if args.verify and not args.yardstick:
+        ap.error("--verify runs the yardstick: name it with --yardstick")
     weights = tuple(float(w) for w in args.file_weights.split(","))
     if args.load:
         results = [r for path in args.load for r in json.loads(Path(path).read_text())]
@@ -240,8 +249,11 @@ def main() -> int:
     else:
         if not args.repos:
             ap.error("name at least one history to replay (or --load saved runs)")
-        if not Path(args.yardstick).is_file():
-            print(f"the yardstick is missing: {args.yardstick}", file=sys.stderr)
+        if not args.yardstick or not Path(args.yardstick).is_file():
+            print(
+                f"name the yardstick with --yardstick PATH/select_eval.py (got {args.yardstick})",
+                file=sys.stderr,
+            )
             return 2
         with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             futures = [

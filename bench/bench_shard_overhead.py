@@ -36,7 +36,7 @@ Needs a real PyTorch test file (fetched with the search tool's ``read_file``, se
 ``bench/README.md``) in a folder laid out like PyTorch (``ROOT/test/FILE``), and for
 ``--runtime container`` the runner image (``python -m ci_relay images build --backend B``).
 
-    python bench/bench_shard_overhead.py /work/scratch/real/test/test_view_ops.py \\
+    python bench/bench_shard_overhead.py $SCRATCH/real/test/test_view_ops.py \\
         --backend spyre-emu --runtime container --rounds 3
 """
 

@@ -21,7 +21,7 @@ emulated card that predate the change should be ``backend``, the ones the edit b
 ``upstream``). Fetch the file with the search tool's ``read_file`` (never into this
 repository), e.g. ``test/test_view_ops.py`` of pytorch/pytorch at 01c12b2::
 
-    python bench/bench_triage.py --real /work/scratch/real/test/test_view_ops.py \
+    python bench/bench_triage.py --real $SCRATCH/real/test/test_view_ops.py \
         --edit "        if contiguous:\n            return x\n" \
         --new "        if not contiguous:\n            return x\n" --max-tests 40
 """

@@ -16,14 +16,14 @@ plus a 100-line pybind11 extension this script compiles), the script
 Get the history (never into this repository)::
 
     # with the search tool: fetch github:pytorch/tensordict, then
-    git clone /work/.mirror/pytorch+tensordict/repo /work/scratch/tensordict
-    python -m venv --system-site-packages /work/scratch/td-venv
-    /work/scratch/td-venv/bin/pip install --no-deps pyvers pybind11 importlib_metadata zipp
+    git clone $MIRROR_tensordict $SCRATCH/tensordict
+    python -m venv --system-site-packages $SCRATCH/td-venv
+    $SCRATCH/td-venv/bin/pip install --no-deps pyvers pybind11 importlib_metadata zipp
 
 Run::
 
-    python bench/bench_upgrade.py /work/scratch/tensordict --from v0.13.0 --to v0.14.0 \\
-        --python /work/scratch/td-venv/bin/python --files test/tensordict/test_tensorclass.py ...
+    python bench/bench_upgrade.py $SCRATCH/tensordict --from v0.13.0 --to v0.14.0 \\
+        --python $SCRATCH/td-venv/bin/python --files test/tensordict/test_tensorclass.py ...
 
 ``--sample`` runs the same measurement on the sample upstream (first commit -> last), with no
 extension to build.

@@ -17,7 +17,7 @@ Authors and dates are fixed, so the commit ids are the same on every machine wit
 inputs. Nothing fetched is committed to this repository; CI builds a small generated tree
 with the same script (``tests/test_real_tree.py``).
 
-    python bench/real_tree.py /work/scratch/real /work/scratch/real-tree [--force]
+    python bench/real_tree.py $SCRATCH/real $SCRATCH/real-tree [--force]
 """
 
 from __future__ import annotations

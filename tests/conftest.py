@@ -7,13 +7,14 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from ci_relay.sample_upstream import SampleUpstream, build_sample_upstream
+from tests.outside_reads import OutsideReadGuard
 
 pytest_plugins = ["tests.relay_fixtures"]
 
@@ -21,6 +22,9 @@ pytest_plugins = ["tests.relay_fixtures"]
 collect_ignore = ["data"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# every file the suite reads is inside the checkout (tests/outside_reads.py says why)
+OUTSIDE_READS = OutsideReadGuard(REPO_ROOT)
+OUTSIDE_READS.install()
 BUNDLED_SPECS = REPO_ROOT / "reuse_specs" / "specs"
 CONTAINER_FIXTURES = frozenset({"engine"})  # a Podman client on the runner image
 BROWSER_FIXTURES = frozenset({"browser", "watched"})
@@ -126,6 +130,15 @@ def pytest_configure(config: pytest.Config) -> None:
     given = getattr(config, "workerinput", {})  # xdist: this worker's id and the run's
     run = given.get("testrunuid", str(os.getpid()))[:12]  # two suites on one machine differ
     os.environ["SPYRE_EMU_LOCK_DIR"] = f"{ours}{run}-{given.get('workerid', 'main')}"
+
+
+@pytest.fixture(autouse=True)
+def _reads_nothing_beside_the_checkout() -> Iterator[None]:
+    """Fail a test that read a file beside the checkout, even if it caught the error."""
+    before = len(OUTSIDE_READS.seen)
+    yield
+    if len(OUTSIDE_READS.seen) > before:
+        pytest.fail(f"read outside the checkout: {OUTSIDE_READS.seen[before:]}")
 
 
 @pytest.fixture(scope="session")

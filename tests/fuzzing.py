@@ -2,7 +2,7 @@
 
 Shared by the bounded campaign in the test suite (``tests/test_fuzz.py``) and the longer one
 in ``bench/fuzz.py``. Inputs start from real shapes (GitHub's payloads in
-``../shared/fixtures``, the bundled reuse specs, a valid HUD body) and are mutated the ways
+``tests/data/github``, the bundled reuse specs, a valid HUD body) and are mutated the ways
 an attacker or a broken peer would: wrong types, deep nesting, huge strings, invalid UTF-8,
 duplicate keys, lone surrogates, option-like and path-like strings, signatures over other
 bytes. The properties: never a server error or a crash, a clear error, and no stored row for
@@ -27,7 +27,7 @@ from ci_relay.context import RelayContext
 from ci_relay.intake.signature import sign
 from ci_relay.store.models import AuditRecord, Change, CrcrResult, Delivery, Run
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "github"
+FIXTURES = Path(__file__).resolve().parent / "data" / "github"  # SOURCE.md there
 SPECS = Path(__file__).resolve().parents[1] / "reuse_specs" / "specs"
 from tests.relay_fixtures import DISPATCH_TOKEN, SECRET  # noqa: E402
 from tests.test_reporting_ingest import BODY as HUD_BODY  # noqa: E402

@@ -29,7 +29,7 @@ POSTGRES_ADMIN_URL = os.environ.get(
 )
 SECRET = "It's a Secret to Everybody"
 DISPATCH_TOKEN = "dispatch-token-for-tests"
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "github"
+FIXTURES = Path(__file__).resolve().parent / "data" / "github"  # SOURCE.md there
 
 POLICY = """
 repositories:

@@ -32,14 +32,13 @@ from tests.conftest import CliResult
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED = REPO_ROOT.parent / "shared" / "data" / "torch-spyre"
-PUBLISHED = SHARED / "nn-test_init.yaml"  # torch-spyre's list (SOURCE.md there names it)
+PUBLISHED = REPO_ROOT / "spyre_emu" / "published" / "nn-test_init.yaml"  # SOURCE.md there
 
 
 @pytest.fixture(scope="module")
 def published() -> Path:
     if not PUBLISHED.is_file():
-        pytest.fail(f"{PUBLISHED} is missing: the shared torch-spyre configs sit beside the repo")
+        pytest.fail(f"{PUBLISHED} is missing: it is tracked in the repository")
     return PUBLISHED
 
 
@@ -53,7 +52,7 @@ def names() -> OpNames:
 def test_the_default_profile_is_the_published_list_regenerated(
     published: Path, cli: Callable[..., CliResult], tmp_path: Path
 ) -> None:
-    """The bundled default is exactly what `specs profile-from` writes from the shared copy
+    """The bundled default is exactly what `specs profile-from` writes from the copy
     of the list (the README's regeneration command), and it records that source."""
     recorded = dict(DEFAULT_PROFILE.source)
     assert recorded["spec"] == "nn-test_init.yaml"

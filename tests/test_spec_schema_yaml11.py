@@ -26,8 +26,11 @@ from pydantic import ValidationError
 from reuse_specs.schema import SpecFile
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TORCH_SPYRE = Path(__file__).resolve().parents[2] / "shared" / "data" / "torch-spyre"
-REAL_CONFIGS = ("example_test_config.yaml", "nn-test_init.yaml")
+# torch-spyre's own files, unmodified (each folder's SOURCE.md names the commit and licence)
+REAL_CONFIGS = (
+    REPO_ROOT / "tests" / "data" / "torch-spyre" / "example_test_config.yaml",
+    REPO_ROOT / "spyre_emu" / "published" / "nn-test_init.yaml",
+)
 
 # the strings every number field is checked on; whether each is valid is the loader's call
 NUMBER_STRINGS = [
@@ -78,28 +81,23 @@ def validator(tmp_path_factory: pytest.TempPathFactory) -> Validator:
     return cls(schema)
 
 
-def _real_config(name: str) -> Any:
-    path = TORCH_SPYRE / name
-    if not path.is_file():
-        pytest.fail(
-            f"missing {path}: the torch-spyre configs are shared data, expected in "
-            "/work/shared/data/torch-spyre next to this checkout (see SOURCE.md there)"
-        )
+def _real_config(path: Path) -> Any:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
 def test_the_real_torch_spyre_configs_validate_as_yaml_1_1_reads_them(
     validator: Validator,
 ) -> None:
-    example = _real_config("example_test_config.yaml")
+    example = _real_config(REAL_CONFIGS[0])
     add = example["test_suite_config"]["global"]["supported_ops"][0]
     assert add["dtypes"][0]["precision"] == {"atol": "1e-3", "rtol": "1e-3"}  # YAML 1.1 strings
     errors = []
-    for name in REAL_CONFIGS:
-        data = _real_config(name)
+    for path in REAL_CONFIGS:
+        data = _real_config(path)
         SpecFile.model_validate(data)  # the loader's models accept it
         errors += [
-            f"{name} at {list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(data)
+            f"{path.name} at {list(e.absolute_path)}: {e.message}"
+            for e in validator.iter_errors(data)
         ]
     assert errors == []
 

@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW_DIR = ROOT / "workflows"
 WORKFLOWS = sorted(WORKFLOW_DIR.glob("*.yml"))
 ACTIONLINT_CONFIG = WORKFLOW_DIR / "actionlint.yaml"
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "github"
+FIXTURES = ROOT / "tests" / "data" / "github"
 SHA_PIN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_./-]+@[0-9a-f]{40}$")
 ALLOWED_PERMISSIONS = {"contents": "read", "id-token": "write"}
 
