@@ -35,10 +35,15 @@ SELF = "tests/test_self_contained.py"  # its examples of what is caught
 
 
 def tracked_files(root: Path) -> list[str]:
-    """The checkout's files as git tracks them (every file, when it is not a git checkout)."""
+    """The checkout's files as a clone of it would have them: tracked, and new ones not
+    ignored (about to be committed); every file when it is not a git checkout."""
     if (root / ".git").exists():
         out = subprocess.run(
-            ["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True, timeout=60
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=root,
+            capture_output=True,
+            check=True,
+            timeout=60,
         ).stdout
         return sorted(name for name in out.decode().split("\0") if name)
     skip = {".git", ".ci-relay", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
@@ -163,6 +168,7 @@ def _collected(root: Path, env: dict[str, str]) -> tuple[int, set[str], str]:
     return proc.returncode, ids, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+@pytest.mark.slow  # a whole collection in a child (torch imported): seconds, not the quick loop
 def test_the_suite_collects_the_same_tests_from_a_lone_copy(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

@@ -37,14 +37,15 @@ for target in "${targets[@]}"; do  # refuse before any slow step
 done
 
 debian_base() {  # debian_base PACKAGES: a bookworm image with them, made with debootstrap once
-  local packages=$1 image rootfs
+  local packages=$1 image rootfs log
   image=localhost/ci-relay-base:bookworm-$(echo "$packages" | sha256sum | cut -c1-8)
   if ! podman image exists "$image"; then
     say "building $image with debootstrap (a few minutes)"
     rootfs=$(mktemp -d "$work/rootfs.XXXX")
+    log="$work/debootstrap-${image##*-}.log"
     debootstrap --variant=minbase --include="$packages" \
-      bookworm "$rootfs" http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1 \
-      || { say "debootstrap failed, see $work/debootstrap.log"; exit 1; }
+      bookworm "$rootfs" http://deb.debian.org/debian >"$log" 2>&1 \
+      || { say "debootstrap failed, see $log"; rm -rf "$rootfs"; exit 1; }
     tar -C "$rootfs" -c . | podman import -q - "$image" >/dev/null
     rm -rf "$rootfs"
   fi
@@ -147,9 +148,28 @@ service_context() {  # redis, postgres: the service's own scripts from docker/, 
   echo "$ctx"
 }
 
+# The services' base is a second debootstrap: on a new machine it runs in the background
+# while the runner images build (the one is mostly download and unpack, the other pip)
+services_pid=
+stop_services_base() {  # a failed build ends the background debootstrap too
+  if [ -n "$services_pid" ]; then pkill -TERM -P "$services_pid" 2>/dev/null; kill "$services_pid" 2>/dev/null; fi
+  return 0
+}
+trap stop_services_base EXIT
 for target in "${targets[@]}"; do
   case $target in
-    redis|postgres) base=$(services_base) ;;
+    redis|postgres)
+      if [ -z "$services_pid" ]; then services_base >/dev/null & services_pid=$!; fi ;;
+  esac
+done
+for target in "${targets[@]}"; do
+  case $target in
+    redis|postgres)
+      if [ -n "$services_pid" ]; then
+        wait "$services_pid" || { say "the services' base image failed (see above)"; exit 1; }
+        services_pid=
+      fi
+      base=$(services_base) ;;
     *) base=$(python_base) ;;
   esac
   case $target in
