@@ -32,6 +32,8 @@ from test_selection.backtest import (
 )
 from test_selection.candidates import Context, Heuristic, collect_evidence, default_heuristics
 from test_selection.change_analysis import ChangeAnalysis, analyze
+from test_selection.coverage_map import CoverageIndex, Reach
+from test_selection.coverage_select import CoverageUse, use_map
 from test_selection.git import Repo
 from test_selection.history import HISTORY_COMMITS, History
 from test_selection.inventory import (
@@ -69,6 +71,9 @@ class SelectorConfig:
     ranking: str = "auto"
     file_weight: float = FILE_WEIGHT  # allocation.py: reaching a file vs finding its tests
     label: str | None = None  # spec entries without this label are skipped (not in the universe)
+    # a per-test coverage map (coverage_map.py): tests that executed a changed function rank
+    # first inside their file and gain evidence; None ranks as before
+    coverage: CoverageIndex | None = None
 
 
 def spec_universe(
@@ -229,6 +234,7 @@ def _ranked_evidence(
     imports: dict[str, set[str]],
     file_weight: float,
     similarity: Similarity | None = None,
+    reach: Mapping[TestId, Reach] | None = None,
 ) -> dict[TestId, Evidence]:
     """Every universe test's value under the chosen ranking (``allocation.py``), with why.
     With ``similarity`` (an agent that earned its place) the top files' word order is
@@ -261,6 +267,8 @@ def _ranked_evidence(
         if similarity is not None and rank < AGENT_FILES and 1 < n <= agent_texts:
             within = blend_orders(within, similarity(hunks, [fn.source for fn in tests]))
             agent_texts -= n
+        if reach:
+            within = coverage_first(within, [reach.get(fn.id) for fn in tests])
         why = scores.reasons.get(path)
         head = (
             f"{path} is #{rank + 1} of {len(files)} by {choice.description}"
@@ -275,6 +283,14 @@ def _ranked_evidence(
             )
             out[fn.id] = Evidence("candidates", "ranking", float(values[position]), head + detail)
     return out
+
+
+def coverage_first(order: list[int], reaches: list[Reach | None]) -> list[int]:
+    """A file's order with the tests that executed a changed function first, the most
+    specific first; the rest keep their order."""
+    reached = [i for i in order if reaches[i] is not None]
+    reached.sort(key=lambda i: -reaches[i].specificity)  # type: ignore[union-attr]
+    return reached + [i for i in order if reaches[i] is None]
 
 
 def select(
@@ -329,6 +345,10 @@ def select(
             else f"the {len(inventory.files)} test file(s) matching "
             f"{', '.join(layout.patterns)} define no test function"
         )
+    coverage: CoverageUse | None = None
+    if config.coverage is not None:
+        coverage = use_map(config.coverage, change, universe, repo)
+        notes.append(coverage.note())
     learned = learn(config.observations, universe) if config.observations else Learned()
     failures = dict(config.failure_history)
     for test, count in learned.failures.items():
@@ -399,6 +419,7 @@ def select(
                 config.agent.similarities
                 if agent_runs and isinstance(config.agent, LocalAgent)
                 else None,
+                coverage.reach if coverage is not None else None,
             )
             notes.append(f"ranking: {choice.description}, {choice.reason}")
     for stage in ("history", "backtest"):
@@ -407,6 +428,11 @@ def select(
     evidence = collect_evidence(change, inventory, ctx, heuristics)
     for test, value in values.items():
         evidence.setdefault(test, []).append(value)
+    if coverage is not None:
+        for test in coverage.reach:
+            said = coverage.evidence(test)
+            if said is not None:
+                evidence.setdefault(test, []).append(said)
     scored = {
         t: Scored(t, list(evidence.get(t, []))) for t in sorted(universe, key=lambda t: t.sort_key)
     }
@@ -454,5 +480,6 @@ def select(
         patterns=list(layout.patterns),
         spec_drift=[d.to_json() for d in drift],
         ranking=choice.to_json() if choice is not None else {},
+        coverage=coverage.to_json() if coverage is not None else {},
     )
     return plan, change

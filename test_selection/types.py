@@ -160,6 +160,8 @@ class TestPlan:
     spec_drift: list[dict[str, Any]] = field(default_factory=list)
     # how test files were ranked: the backtest's choice and its figures (empty: hand weights)
     ranking: dict[str, Any] = field(default_factory=dict)
+    # the coverage map used (coverage_select.CoverageUse.to_json; empty: none)
+    coverage: dict[str, Any] = field(default_factory=dict)
 
     def shares(self) -> dict[str, float]:
         """What part of the universe the plan takes: tests, test files, estimated seconds."""
@@ -193,4 +195,5 @@ class TestPlan:
             "notes": self.notes,
             "spec_drift": self.spec_drift,
             "ranking": self.ranking,
+            "coverage": self.coverage,
         }

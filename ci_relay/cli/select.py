@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ci_relay.cli.common import LabelOpt
@@ -16,6 +17,7 @@ from reuse_specs.errors import SpecErrors
 if TYPE_CHECKING:  # the selector is imported when a command runs, not on every start
     from ci_relay.settings import Settings
     from test_selection.agents import Agent
+    from test_selection.coverage_map import CoverageIndex
     from test_selection.selector import SelectorConfig
     from test_selection.types import PlannedTest, TestPlan
 
@@ -133,6 +135,23 @@ def _table(plan: TestPlan, rows: list[PlannedTest], title: str) -> Table:
     return table
 
 
+def _coverage_index(path: Path, upstream: Path) -> CoverageIndex:
+    """The map for ``select --coverage``, refused (exit 2) when it is not this repository's
+    or not a map this version reads."""
+    from ci_relay.cli.coverage import repository_name
+    from test_selection.coverage_map import CoverageMap, CoverageMapError
+    from test_selection.coverage_select import check_map
+    from test_selection.git import Repo
+
+    try:
+        cmap = CoverageMap.load(path)
+        check_map(cmap, Repo(upstream), repository_name(upstream))
+    except CoverageMapError as exc:
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    return cmap.index()
+
+
 def register(app: typer.Typer) -> None:
     @app.command("select")
     def select_command(
@@ -164,6 +183,10 @@ def register(app: typer.Typer) -> None:
         pattern: Annotated[list[str] | None, typer.Option(help=PATTERN_HELP)] = None,
         label: LabelOpt = None,
         ranking: Annotated[str, typer.Option(help=RANKING_HELP)] = "auto",
+        coverage: Annotated[
+            Path | None,
+            typer.Option(help="A per-test coverage map (ci-relay coverage record)."),
+        ] = None,
     ) -> None:
         """Select the upstream tests a change needs (four stages), with reasons."""
         from test_selection.git import GitError
@@ -182,11 +205,13 @@ def register(app: typer.Typer) -> None:
             label,
             ranking,
         )
+        if coverage is not None:
+            config.coverage = _coverage_index(coverage, upstream)
         try:
             with err.status("analysing the change and ranking tests…"):
                 plan, _ = select(upstream, base, head, spec or None, config)
         except (GitError, EmptyUniverse) as exc:
-            err.print(f"[bold red]error:[/] {exc}", markup=False)
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(2) from None
         except SpecErrors as exc:
             for error in exc.errors:

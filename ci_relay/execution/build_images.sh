@@ -55,12 +55,19 @@ debian_base() {  # debian_base PACKAGES: a bookworm image with them, made with d
 python_base() { debian_base python3,python3-venv,ca-certificates,passwd,git; }
 services_base() { debian_base postgresql-15,redis-server,passwd; }
 
+# Each context has wheels/ (the dependencies: one image layer, cached while they are the same)
+# and own/ (ci-relay's wheel: the layer a source change rebuilds).
+own_wheel() {  # own_wheel CONTEXT: ci-relay's wheel, built reproducibly, alone in CONTEXT/own
+  rm -rf "$1/own" "$root/build"  # setuptools never prunes build/lib: a deleted module would ship
+  mkdir -p "$1/own"
+  SOURCE_DATE_EPOCH=315532800 python3 -m pip wheel -q --no-deps -w "$1/own" "$root" >/dev/null
+}
+
 runner_wheels() {  # torch and the runner side of ci-relay (its own wheel without dependencies)
   local wheels="$work/runner/wheels"
   mkdir -p "$wheels"
   rm -f "$wheels"/ci_relay-*.whl
-  rm -rf "$root/build"  # setuptools never prunes build/lib: a deleted module would ship
-  SOURCE_DATE_EPOCH=315532800 python3 -m pip wheel -q --no-deps -w "$wheels" "$root" >/dev/null
+  own_wheel "$work/runner"
   python3 -m pip download -q -d "$wheels" torch==2.13.0 expecttest numpy "scipy>=1.11,<2" \
     "pytest>=8,<10" "pydantic>=2.7,<3" "pydantic-settings>=2.4,<3" "PyYAML>=6,<7" \
     "typer>=0.12,<1" "rich>=13.7,<16" "filelock>=4.3.1,<5"
@@ -69,13 +76,13 @@ runner_wheels() {  # torch and the runner side of ci-relay (its own wheel withou
 
 relay_wheels() {  # the whole service with its selection agent; torch pinned to the CPU build
   local wheels="$work/relay/wheels"
-  mkdir -p "$wheels"
-  rm -f "$wheels"/ci_relay-*.whl
-  rm -rf "$root/build"
+  rm -rf "$wheels" && mkdir -p "$wheels"  # exactly the dependencies: the image installs them all
+  own_wheel "$work/relay"
   # async-timeout: redis wants it below Python 3.11.3 (Debian's 3.11.2), not on the host's.
   SOURCE_DATE_EPOCH=315532800 python3 -m pip wheel -q -w "$wheels" \
     "torch==2.13.0" "$root[agent]" "async-timeout>=4.0.3" \
     >/dev/null
+  rm -f "$wheels"/ci_relay-*.whl  # its own layer (own/)
   echo "$work/relay"
 }
 
@@ -100,14 +107,15 @@ build() {
     # sources give the same bytes): the same inputs reuse the image
     digest=$( (file_hashes "$file"; podman image inspect --format '{{.Id}}' "$base"; echo "$*"
                parent_ids "$@"; find "$context" -type f ! -name Containerfile -printf '%P %s\n' | sort
-               { cat "$context"/wheels/ci_relay-*.whl "$context"/*.sh 2>/dev/null || true; } | sha256sum) \
+               { cat "$context"/own/ci_relay-*.whl "$context"/*.sh 2>/dev/null || true; } | sha256sum) \
               | sha256sum | cut -c1-16)
     if podman image exists "$image:$digest"; then
       say "$image:$digest is up to date (the same wheels)"
     else
       say "building $image:$digest"
       cp "$file" "$context/Containerfile"
-      podman build -q --build-arg BASE="$base" "$@" -t "$image:$digest" "$context" >/dev/null
+      # --layers: the dependency layer comes from the cache when only ci-relay changed
+      podman build -q --layers --build-arg BASE="$base" "$@" -t "$image:$digest" "$context" >/dev/null
     fi
     podman tag "$image:$digest" "$image:$key"
   fi

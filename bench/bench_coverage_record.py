@@ -1,0 +1,109 @@
+"""What recording a per-test coverage map costs (issue 34): a repository's own tests run with
+plain pytest, with the recording plugin (``cProfile`` around each test, function level), and
+with coverage.py's per-test dynamic contexts (line level, if coverage is installed), in
+alternating order so the page cache favours none. Prints each mode's median seconds, its
+ratio to plain pytest in the same run, and the map's size.
+
+Needs a Python repository whose tests run here (not in this repository), e.g. networkx:
+
+    # with the search tool: fetch github:networkx/networkx, then
+    git clone -q $MIRROR_networkx $SCRATCH/networkx
+    python bench/bench_coverage_record.py $SCRATCH/networkx --rounds 2 -- networkx/algorithms
+
+Arguments after ``--`` go to pytest (what to run); the checkout is used as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from test_selection.coverage_map import CoverageMap  # noqa: E402
+
+
+def _command(mode: str, repo: Path, out: Path, args: list[str]) -> list[str]:
+    # failures are fine: every mode runs the same tests
+    base = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *args]
+    if mode == "plain":
+        return [sys.executable, *base]
+    if mode == "recorder":
+        return [
+            sys.executable, *base, "-p", "test_selection.coverage_recorder",
+            "--record-coverage", str(out), "--coverage-root", str(repo),
+        ]  # fmt: skip
+    rc = out.with_suffix(".coveragerc")
+    rc.write_text(
+        "[run]\ndynamic_context = test_function\n"
+        f"data_file = {out.with_suffix('.coverage')}\nsource = {repo}\n"
+    )
+    return [sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", *base]
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    pytest_args = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("repo", type=Path, help="a checkout whose tests run here")
+    ap.add_argument("--rounds", type=int, default=2)
+    opts = ap.parse_args(own)
+    repo = opts.repo.resolve()
+    modes = ["plain", "recorder"]
+    try:
+        import coverage  # noqa: F401
+
+        modes.append("coverage.py")
+    except ImportError:
+        print("coverage.py is not installed: its mode is left out (pip install coverage)")
+    paths = [str(repo), *([str(repo / "src")] if (repo / "src").is_dir() else [])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(ROOT)])}
+    env.pop("PYTEST_ADDOPTS", None)
+    seconds: dict[str, list[float]] = {m: [] for m in modes}
+    sizes: dict[str, int] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for round_ in range(opts.rounds):
+            order = modes if round_ % 2 == 0 else list(reversed(modes))
+            for mode in order:
+                out = Path(scratch) / f"{mode}-{round_}.json.gz"
+                start = time.perf_counter()
+                proc = subprocess.run(
+                    _command(mode, repo, out, pytest_args),
+                    cwd=repo,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                took = time.perf_counter() - start
+                seconds[mode].append(took)
+                tail = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
+                print(
+                    f"round {round_ + 1} {mode:<12} {took:8.1f} s  exit {proc.returncode} {tail[0]}"
+                )
+                if mode == "recorder" and out.is_file():
+                    sizes[mode] = out.stat().st_size
+                    cmap = CoverageMap.load(out)
+                    print(f"    map: {len(cmap.tests)} tests, {len(cmap.functions())} functions")
+                elif mode == "coverage.py" and out.with_suffix(".coverage").is_file():
+                    sizes[mode] = out.with_suffix(".coverage").stat().st_size
+    plain = statistics.median(seconds["plain"])
+    print(f"\n{'mode':<12} {'median s':>9} {'ratio':>7} {'data':>10}")
+    for mode in modes:
+        median = statistics.median(seconds[mode])
+        size = f"{sizes[mode] / 1e6:.2f} MB" if mode in sizes else "-"
+        print(f"{mode:<12} {median:9.1f} {median / plain:6.2f}x {size:>10}")
+    print("goal: recording <= 1.5x plain pytest")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,184 @@
+"""``ci-relay coverage record`` and ``coverage show``: per-test coverage maps of any Python
+repository's own tests, for ``select --coverage``.
+
+``record`` checks the revision out as a detached git worktree (never the person's working
+tree), runs the repository's tests there with plain pytest and the recording plugin
+(``test_selection.coverage_recorder``), and writes the map. Like ``run`` without
+``--runtime``, it runs the repository's tests on this machine, in the caller's own session:
+a person's command, not the relay's (the relay records inside its isolated shards).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ci_relay.cli.common import _fail, err, out
+
+coverage_app = typer.Typer(help="Per-test coverage maps for selection.", no_args_is_help=True)
+
+REMOTE = re.compile(r"[:/]([\w.-]+/[\w.-]+?)(?:\.git)?/?$")
+
+
+def repository_name(upstream: Path) -> str:
+    """``owner/name`` from the checkout's origin remote, else the folder's name."""
+    proc = subprocess.run(
+        ["git", "-C", str(upstream), "remote", "get-url", "origin"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    match = REMOTE.search(proc.stdout.strip()) if proc.returncode == 0 else None
+    return match.group(1) if match else upstream.resolve().name
+
+
+@coverage_app.command(
+    "record", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
+def record(
+    ctx: typer.Context,
+    upstream: Annotated[Path, typer.Option(help="The repository (a git checkout).")],
+    rev: Annotated[str, typer.Option(help="The revision to record at.")] = "HEAD",
+    output: Annotated[
+        Path | None,
+        typer.Option("-o", "--output", help="Map file (default coverage-REV.json.gz)."),
+    ] = None,
+    repository: Annotated[
+        str | None, typer.Option(help="owner/name stored in the map (default: origin's).")
+    ] = None,
+    backend: Annotated[str | None, typer.Option(help="Backend name stored in the map.")] = None,
+    timeout: Annotated[
+        float, typer.Option(min=1, help="Seconds before the pytest run is stopped.")
+    ] = 3600,
+) -> None:
+    """Record which functions each test executes (arguments after -- go to pytest)."""
+    from test_selection.coverage_map import CoverageMap, CoverageMapError
+    from test_selection.git import GitError, Repo
+
+    try:
+        sha = Repo(upstream).resolve(rev)
+    except GitError as exc:
+        raise _fail(str(exc)) from None
+    target = (output or Path(f"coverage-{sha[:12]}.json.gz")).resolve()
+    name = repository or repository_name(upstream)
+    with tempfile.TemporaryDirectory(prefix="ci-relay-coverage-") as scratch:
+        tree = Path(scratch) / "tree"
+        try:
+            Repo(upstream).run("worktree", "add", "--detach", "--quiet", "--", str(tree), sha)
+        except GitError as exc:
+            raise _fail(str(exc)) from None
+        try:
+            code, seconds = _run_pytest(tree, target, name, sha, backend, ctx.args, timeout)
+        finally:
+            subprocess.run(
+                ["git", "-C", str(upstream), "worktree", "remove", "--force", str(tree)],
+                capture_output=True,
+                check=False,
+            )
+    if not target.is_file():
+        raise _fail(f"pytest ended with exit code {code} and wrote no map", 1)
+    try:
+        cmap = CoverageMap.load(target)
+    except CoverageMapError as exc:
+        raise _fail(str(exc), 1) from None
+    out.print(
+        f"recorded {len(cmap.tests)} test(s) executing {len(cmap.functions())} function(s) of "
+        f"{name}@{sha[:12]} in {seconds:.1f} s (pytest exit {code}) -> {target} "
+        f"({target.stat().st_size / 1024:.0f} KB)",
+        soft_wrap=True,
+    )
+    if code not in (0, 1):  # 0 passed, 1 some failed: both record what ran
+        err.print(f"warning: pytest exit code {code}: the map holds only what ran")
+
+
+def _run_pytest(
+    tree: Path,
+    target: Path,
+    name: str,
+    sha: str,
+    backend: str | None,
+    args: list[str],
+    timeout: float,
+) -> tuple[int, float]:
+    """Plain pytest in the worktree with the recorder; the package importable from the tree
+    (flat or src/ layout) ahead of any installed copy."""
+    paths = [str(tree), *([str(tree / "src")] if (tree / "src").is_dir() else [])]
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *inherited])}
+    env.pop("PYTEST_ADDOPTS", None)
+    command = [
+        sys.executable, "-m", "pytest", "-p", "test_selection.coverage_recorder",
+        "--record-coverage", str(target), "--coverage-root", str(tree),
+        "--coverage-repository", name, "--coverage-revision", sha,
+        "-p", "no:cacheprovider", "-q", *(["--coverage-backend", backend] if backend else []),
+        *args,
+    ]  # fmt: skip
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(command, cwd=tree, env=env, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise _fail(f"the tests passed the {timeout:.0f} s timeout; no map written", 1) from None
+    return proc.returncode, time.monotonic() - start
+
+
+@coverage_app.command("show")
+def show(
+    path: Annotated[Path, typer.Argument(help="A map written by coverage record or the relay.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    top: Annotated[int, typer.Option(min=0, help="Functions to list, most tests first.")] = 10,
+) -> None:
+    """Summarise a coverage map: what it covers, its busiest functions, its flags."""
+    from test_selection.coverage_map import CoverageMap, CoverageMapError
+
+    try:
+        cmap = CoverageMap.load(path)
+    except CoverageMapError as exc:
+        raise _fail(str(exc)) from None
+    index = cmap.index()
+    busiest = sorted(index.by_function.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:top]
+    flags: dict[str, int] = {}
+    for marks in cmap.flags.values():
+        for mark in marks:
+            flags[mark] = flags.get(mark, 0) + 1
+    files = sorted({f for f, _ in index.by_function})
+    size = path.stat().st_size
+    rows = [{"function": f"{f}:{q}", "tests": len(t)} for (f, q), t in busiest]
+    summary = {
+        "repository": cmap.repository,
+        "revision": cmap.revision,
+        "backend": cmap.backend,
+        "recorded_at": cmap.recorded_at,
+        "seconds": round(cmap.seconds, 1),
+        "tests": len(cmap.tests),
+        "functions": len(index.by_function),
+        "files": len(files),
+        "bytes": size,
+        "flags": flags,
+        "busiest": rows,
+    }
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    out.print(
+        f"{cmap.repository}@{cmap.revision[:12]}"
+        + (f" on {cmap.backend}" if cmap.backend else "")
+        + f", recorded {cmap.recorded_at} in {cmap.seconds:.1f} s",
+        soft_wrap=True,
+    )
+    out.print(
+        f"{summary['tests']} test(s), {summary['functions']} function(s) in {len(files)} "
+        f"file(s), {size / 1024:.0f} KB",
+    )
+    for mark, count in sorted(flags.items()):
+        out.print(f"flagged {mark}: {count} test(s) (recorded as far as the profiler saw)")
+    for row in rows:
+        out.print(f"  {row['tests']:>6}  {row['function']}", soft_wrap=True)

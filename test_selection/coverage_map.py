@@ -1,0 +1,215 @@
+"""A per-test coverage map: which functions of the code under test each test executed.
+
+Recorded where the tests really run (a relay shard, or ``ci-relay coverage record`` on any
+Python repository) and read by the selector: a changed function leads to the tests that
+executed it, the more specific first. Function level, named as the upstream repository names
+them (``torch/_refs/__init__.py`` and ``add``, ``nn/modules/linear.py`` and ``Linear.forward``),
+so a map recorded on an installed package matches a diff of the repository.
+
+The file is gzip-compressed JSON. Tests that executed the same functions share one entry (the
+variants of one upstream test mostly do), and each function of a test carries the number of
+calls between the test and it (1: the test called it), which is what "specific" means below.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+FORMAT = "ci-relay-coverage/1"
+MAX_DEPTH = 15  # calls from the test; deeper ones are stored as this
+REVISION = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64}|working-tree)$")
+# what a test did that the recorder could not follow: still recorded, with this flag
+FLAGS = frozenset({"threads", "processes", "profiler-replaced", "failed-to-record"})
+
+Function = tuple[str, str]  # (file as the repository names it, qualified name)
+
+
+class CoverageMapError(ValueError):
+    """A map that cannot be used: unknown format, another repository, a bad field."""
+
+
+@dataclass
+class CoverageMap:
+    repository: str
+    revision: str
+    backend: str | None = None
+    recorded_at: str = field(
+        default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds")
+    )
+    # test id (FILE::Class::test) -> {function: calls from the test}
+    tests: dict[str, dict[Function, int]] = field(default_factory=dict)
+    flags: dict[str, set[str]] = field(default_factory=dict)
+    seconds: float = 0.0  # time spent recording (tests included)
+
+    def add(self, test: str, functions: Mapping[Function, int], flags: Iterable[str] = ()) -> None:
+        """Merge one test's functions (a test recorded twice, e.g. per variant, keeps the union
+        and each function's shortest distance)."""
+        known = self.tests.setdefault(test, {})
+        for function, depth in functions.items():
+            depth = min(max(1, depth), MAX_DEPTH)
+            if depth < known.get(function, MAX_DEPTH + 1):
+                known[function] = depth
+        marks = set(flags) & FLAGS
+        if marks:
+            self.flags.setdefault(test, set()).update(marks)
+
+    def merge(self, other: CoverageMap) -> None:
+        """Another shard's map of the same repository and revision."""
+        if (other.repository, other.revision) != (self.repository, self.revision):
+            raise CoverageMapError(
+                f"cannot merge a map of {other.repository}@{other.revision[:12]} into one of "
+                f"{self.repository}@{self.revision[:12]}"
+            )
+        for test, functions in other.tests.items():
+            self.add(test, functions, other.flags.get(test, ()))
+        self.seconds += other.seconds
+
+    def functions(self) -> set[Function]:
+        return {f for functions in self.tests.values() for f in functions}
+
+    def index(self) -> CoverageIndex:
+        return CoverageIndex(self)
+
+    # --- the file ---
+
+    def to_json(self) -> dict[str, Any]:
+        table: dict[Function, int] = {}
+        sets: dict[tuple[tuple[int, int], ...], int] = {}
+        entries: list[list[list[int]]] = []
+        tests: dict[str, int] = {}
+        for test in sorted(self.tests):
+            pairs = tuple(
+                sorted((table.setdefault(f, len(table)), d) for f, d in self.tests[test].items())
+            )
+            if pairs not in sets:
+                sets[pairs] = len(entries)
+                entries.append([list(p) for p in pairs])
+            tests[test] = sets[pairs]
+        return {
+            "format": FORMAT,
+            "repository": self.repository,
+            "revision": self.revision,
+            "backend": self.backend,
+            "recorded_at": self.recorded_at,
+            "seconds": round(self.seconds, 3),
+            "functions": [list(f) for f in table],
+            "sets": entries,
+            "tests": tests,
+            "flags": {t: sorted(v) for t, v in sorted(self.flags.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, *, source: str = "the map") -> CoverageMap:
+        if not isinstance(data, dict):
+            raise CoverageMapError(f"{source}: not a coverage map (a JSON object was expected)")
+        if data.get("format") != FORMAT:
+            raise CoverageMapError(
+                f"{source}: format {data.get('format')!r} is not one this version reads "
+                f"(expected {FORMAT!r})"
+            )
+        try:
+            functions = [(str(f), str(q)) for f, q in data["functions"]]
+            sets = [[(int(i), int(d)) for i, d in entry] for entry in data["sets"]]
+            result = cls(
+                repository=str(data["repository"]),
+                revision=str(data["revision"]),
+                backend=data.get("backend"),
+                recorded_at=str(data.get("recorded_at", "")),
+                seconds=float(data.get("seconds", 0.0)),
+            )
+            for test, number in data["tests"].items():
+                result.tests[str(test)] = {functions[i]: d for i, d in sets[int(number)]}
+            for test, marks in data.get("flags", {}).items():
+                result.flags[str(test)] = set(map(str, marks)) & FLAGS
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise CoverageMapError(f"{source}: a damaged coverage map ({exc!r})") from None
+        if not REVISION.match(result.revision):
+            raise CoverageMapError(f"{source}: revision {result.revision!r} is not a commit id")
+        return result
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as out:
+            json.dump(self.to_json(), out, separators=(",", ":"))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> CoverageMap:
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as stream:
+                data = json.load(stream)
+        except FileNotFoundError:
+            raise CoverageMapError(f"{path}: no such coverage map") from None
+        except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CoverageMapError(f"{path}: not a readable coverage map ({exc})") from None
+        return cls.from_json(data, source=str(path))
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How a test reached a changed function: which one, in how many calls, and how much
+    of the code it executes in all (fewer: more specific)."""
+
+    function: Function
+    depth: int
+    executed: int
+
+    @property
+    def specificity(self) -> float:
+        """In (0, 1]: 1 for a test that called the function directly and little else."""
+        return 1.0 / (self.depth * (1.0 + math.log10(max(1, self.executed))))
+
+
+class CoverageIndex:
+    """The map turned around: function -> the tests that executed it."""
+
+    def __init__(self, cmap: CoverageMap) -> None:
+        self.map = cmap
+        self.by_function: dict[Function, list[tuple[str, int]]] = {}
+        self.by_name: dict[tuple[str, str], list[Function]] = {}  # (file, last name part)
+        self.size = {test: len(functions) for test, functions in cmap.tests.items()}
+        for test, functions in cmap.tests.items():
+            for function, depth in functions.items():
+                self.by_function.setdefault(function, []).append((test, depth))
+        for function in self.by_function:
+            short = function[1].rsplit(".", 1)[-1]
+            self.by_name.setdefault((function[0], short), []).append(function)
+
+    def known(self, function: Function) -> bool:
+        return function in self.by_function
+
+    def resolve(self, file: str, qualname: str) -> list[Function]:
+        """The map's functions for a changed def: the same qualified name, or a method or
+        class of it (a changed class covers its methods), else the same short name in the
+        file (a def moved into or out of a class, a renamed enclosing class)."""
+        exact = (file, qualname)
+        found = [exact] if exact in self.by_function else []
+        prefix = qualname + "."
+        found += [f for f in self.by_function if f[0] == file and f[1].startswith(prefix)]
+        if not found:
+            found = list(self.by_name.get((file, qualname.rsplit(".", 1)[-1]), []))
+        return found
+
+    def reaches(self, functions: Iterable[Function]) -> dict[str, Reach]:
+        """Each test that executed any of ``functions``, with its most specific reach."""
+        best: dict[str, Reach] = {}
+        for function in functions:
+            for test, depth in self.by_function.get(function, ()):
+                reach = Reach(function, depth, self.size[test])
+                if test not in best or reach.specificity > best[test].specificity:
+                    best[test] = reach
+        return best
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")

@@ -1,0 +1,235 @@
+"""Per-test coverage maps (issue 34): recorded with the real pytest plugin on real git
+repositories built here, read back, and used by ``ci-relay select``, where they find the one
+right test inside a large file that nothing else in the change points to."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from test_selection.coverage_map import (
+    FORMAT,
+    MAX_DEPTH,
+    CoverageMap,
+    CoverageMapError,
+)
+from tests.conftest import CliResult
+from tests.gitrepo import GitRepo
+
+N = 40  # functions behind one dispatcher, and tests in the large file
+
+CORE = "\n".join(
+    [
+        "def dispatch(n):",
+        "    return TABLE[n](n)",
+        "",
+        *(f"def _impl_{i}(n):\n    return n * {i + 2}\n" for i in range(N)),
+        f"TABLE = [{', '.join(f'_impl_{i}' for i in range(N))}]",
+        "",
+    ]
+)
+# every test reads alike: nothing in its words says which implementation it reaches
+LARGE = "from pkg.core import dispatch\n\n" + "\n".join(
+    f"def test_case_{i:02d}():\n    assert dispatch({i}) == {i} * {i + 2}\n" for i in range(N)
+)
+OTHER = "from pkg import util\n\n\ndef test_util():\n    assert util.double(2) == 4\n"
+
+
+def _upstream(tmp_path: Path) -> tuple[GitRepo, str]:
+    repo = GitRepo(tmp_path / "up")
+    repo.git("remote", "add", "origin", "https://github.com/example/dispatcher.git")
+    base = repo.commit(
+        "base",
+        {
+            "pkg/__init__.py": "",
+            "pkg/core.py": CORE,
+            "pkg/util.py": "def double(x):\n    return 2 * x\n",
+            "tests/test_core.py": LARGE,
+            "tests/test_util.py": OTHER,
+        },
+        dedent=False,
+    )
+    return repo, base
+
+
+def _record(cli: Callable[..., CliResult], repo: GitRepo, rev: str, out: Path) -> CliResult:
+    return cli("coverage", "record", "--upstream", repo.path, "--rev", rev, "-o", out)
+
+
+def _select(cli: Callable[..., CliResult], repo: GitRepo, *extra: str | Path) -> CliResult:
+    return cli(
+        "select", "--upstream", repo.path, "--base", "HEAD~1", "--head", "HEAD",
+        "--budget", "2", "--agent", "none", "--json", *extra,
+    )  # fmt: skip
+
+
+def test_only_the_map_finds_the_right_test_inside_a_large_file(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    repo, base = _upstream(tmp_path)
+    cmap_file = tmp_path / "map.json.gz"
+    recorded = _record(cli, repo, base, cmap_file)
+    assert recorded.code == 0, recorded.output
+    assert f"recorded {N + 1} test(s)" in recorded.output
+    cmap = CoverageMap.load(cmap_file)
+    assert (cmap.repository, cmap.revision) == ("example/dispatcher", base)
+    assert cmap.tests["tests/test_core.py::test_case_23"] == {
+        ("pkg/core.py", "dispatch"): 1,
+        ("pkg/core.py", "_impl_23"): 2,
+        ("tests/test_core.py", "test_case_23"): 1,
+    }
+    # the change: one implementation behind the dispatcher (a later commit, so the map is
+    # older than the base, as it normally is)
+    repo.commit("unrelated", {"README": "x\n"})
+    repo.commit("fix 23", {"pkg/core.py": CORE.replace("n * 25\n", "n * 25 + 0\n")})
+
+    plain = _select(cli, repo)
+    assert plain.code == 0, plain.output
+    chosen = [t["test"] for t in json.loads(plain.stdout)["selected"]]
+    assert len(chosen) == 2 and "tests/test_core.py::test_case_23" not in chosen, chosen
+
+    mapped = _select(cli, repo, "--coverage", cmap_file)
+    assert mapped.code == 0, mapped.output
+    plan = json.loads(mapped.stdout)
+    chosen = [t["test"] for t in plan["selected"]]
+    assert chosen[0] == "tests/test_core.py::test_case_23", chosen
+    assert plan["coverage"]["revision"] == base
+    assert plan["coverage"]["commits_behind"] == 1
+    assert plan["coverage"]["known_functions"] == ["pkg/core.py:_impl_23"]
+    reasons = [e["reason"] for e in plan["selected"][0]["evidence"] if e["source"] == "coverage"]
+    assert reasons and "executed changed pkg/core.py:_impl_23 (2 calls deep" in reasons[0]
+    assert any("coverage map" in note and "knew 1 of 1" in note for note in plan["notes"])
+
+    shown = cli("coverage", "show", cmap_file, "--json")
+    assert shown.code == 0, shown.output
+    summary = json.loads(shown.stdout)
+    assert summary["tests"] == N + 1 and summary["busiest"][0] == {
+        "function": "pkg/core.py:dispatch",
+        "tests": N,
+    }
+
+
+def test_a_map_select_cannot_use_is_refused_with_what_it_is(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    repo, base = _upstream(tmp_path)
+    repo.commit("fix 3", {"pkg/core.py": CORE.replace("n * 5\n", "n * 5 + 0\n")})
+    cases: dict[str, tuple[object, str]] = {
+        "other-repo": (
+            CoverageMap("someone/else", base).to_json(),
+            "the coverage map is of 'someone/else', this upstream is 'example/dispatcher'",
+        ),
+        "unknown-revision": (
+            CoverageMap("example/dispatcher", "ab" * 20).to_json(),
+            "revision abababababab is not in",
+        ),
+        "newer-format": (
+            {**CoverageMap("example/dispatcher", base).to_json(), "format": "ci-relay-coverage/9"},
+            f"is not one this version reads (expected '{FORMAT}')",
+        ),
+        "damaged": ({"format": FORMAT, "repository": "x"}, "a damaged coverage map"),
+    }
+    for name, (data, message) in cases.items():
+        path = tmp_path / f"{name}.json.gz"
+        with gzip.open(path, "wt") as stream:
+            json.dump(data, stream)
+        result = _select(cli, repo, "--coverage", path)
+        assert result.code == 2 and message in result.output, (name, result.output)
+    garbage = tmp_path / "garbage.json.gz"
+    garbage.write_bytes(b"\x1f\x8b not really gzip")
+    result = _select(cli, repo, "--coverage", garbage)
+    assert result.code == 2 and "not a readable coverage map" in result.output, result.output
+    missing = _select(cli, repo, "--coverage", tmp_path / "nope.json.gz")
+    assert missing.code == 2 and "no such coverage map" in missing.output
+
+
+def test_tests_that_start_threads_or_processes_or_take_the_profiler_are_flagged(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    repo = GitRepo(tmp_path / "up")
+    sha = repo.commit(
+        "base",
+        {
+            "pkg/__init__.py": "",
+            "pkg/mod.py": "def f():\n    return 1\n\n\ndef g():\n    return f()\n",
+            "tests/test_mod.py": """
+                import subprocess
+                import sys
+                import threading
+
+                from pkg.mod import f, g
+
+
+                def test_thread():
+                    t = threading.Thread(target=g)
+                    t.start()
+                    t.join()
+                    assert f() == 1
+
+
+                def test_process():
+                    subprocess.run([sys.executable, "-c", "pass"], check=True)
+                    assert g() == 1
+
+
+                def test_own_profiler():
+                    sys.setprofile(None)
+                    assert g() == 1
+
+
+                def test_plain():
+                    assert g() == 1
+
+
+                def test_fails():
+                    assert g() == 2
+            """,
+        },
+    )
+    out = tmp_path / "m.json.gz"
+    result = _record(cli, repo, sha, out)
+    assert result.code == 0 and "pytest exit 1" in result.output, result.output
+    cmap = CoverageMap.load(out)
+    flags = {t.split("::")[-1]: sorted(v) for t, v in cmap.flags.items()}
+    assert flags == {
+        "test_thread": ["threads"],
+        "test_process": ["processes"],
+        "test_own_profiler": ["profiler-replaced"],
+    }
+    tests = {t.split("::")[-1]: f for t, f in cmap.tests.items()}
+    assert tests["test_plain"][("pkg/mod.py", "f")] == 2  # test -> g -> f
+    assert ("pkg/mod.py", "g") in tests["test_process"]  # recorded as far as it went
+    assert ("pkg/mod.py", "g") in tests["test_fails"]  # failing tests count
+    # the thread's own calls (g) are not seen, the test's are (f)
+    assert ("pkg/mod.py", "f") in tests["test_thread"]
+    assert ("pkg/mod.py", "g") not in tests["test_thread"]
+
+
+def test_a_map_round_trips_merges_and_keeps_the_shortest_distance(tmp_path: Path) -> None:
+    sha = "c" * 40
+    a = CoverageMap("o/r", sha, backend="cpu")
+    a.add("t.py::test_x", {("p.py", "f"): 3, ("p.py", "g"): 99})
+    a.add("t.py::test_y", {("p.py", "f"): 3, ("p.py", "g"): 99})  # same set: shared entry
+    b = CoverageMap("o/r", sha)
+    b.add("t.py::test_x", {("p.py", "f"): 1}, ["threads", "not-a-flag"])
+    a.merge(b)
+    assert a.tests["t.py::test_x"] == {("p.py", "f"): 1, ("p.py", "g"): MAX_DEPTH}
+    assert a.flags == {"t.py::test_x": {"threads"}}
+    data = a.to_json()
+    assert len(data["sets"]) == 2 and data["tests"]["t.py::test_y"] != data["tests"]["t.py::test_x"]
+    again = CoverageMap.load(a.save(tmp_path / "m.json.gz"))
+    assert again.tests == a.tests and again.flags == a.flags and again.backend == "cpu"
+    with pytest.raises(CoverageMapError, match="cannot merge a map of o/other"):
+        a.merge(CoverageMap("o/other", sha))
+    reach = a.index().reaches([("p.py", "f")])
+    assert reach["t.py::test_x"].depth == 1 and reach["t.py::test_y"].depth == 3
+    assert reach["t.py::test_x"].specificity > reach["t.py::test_y"].specificity
+    a.add("t.py::test_z", {("p.py", "K.m"): 1})
+    index = a.index()  # a changed class covers its methods; a moved def is found by name
+    assert index.resolve("p.py", "K") == [("p.py", "K.m")]
+    assert index.resolve("p.py", "Other.m") == [("p.py", "K.m")]
+    assert index.resolve("p.py", "nothing") == []
