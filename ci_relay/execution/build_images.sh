@@ -63,26 +63,40 @@ own_wheel() {  # own_wheel CONTEXT: ci-relay's wheel, built reproducibly, alone 
   SOURCE_DATE_EPOCH=315532800 python3 -m pip wheel -q --no-deps -w "$1/own" "$root" >/dev/null
 }
 
+# What a wheelhouse was resolved from: the dependency ranges (pyproject.toml) and this script
+# (the pins it asks for). A source change keeps it: resolving again takes most of a minute.
+wheels_key() { cat "$root/pyproject.toml" "$root/ci_relay/execution/build_images.sh" | sha256sum | cut -c1-16; }
+wheels_current() {  # wheels_current DIR: resolved from the same inputs (and not --refresh)
+  [ "$refresh" = 0 ] && [ -f "$1.resolved" ] && [ "$(cat "$1.resolved")" = "$(wheels_key)" ]
+}
+
 runner_wheels() {  # torch and the runner side of ci-relay (its own wheel without dependencies)
   local wheels="$work/runner/wheels"
   mkdir -p "$wheels"
   rm -f "$wheels"/ci_relay-*.whl
   own_wheel "$work/runner"
-  python3 -m pip download -q -d "$wheels" torch==2.13.0 expecttest numpy "scipy>=1.11,<2" \
-    "pytest>=8,<10" "pydantic>=2.7,<3" "pydantic-settings>=2.4,<3" "PyYAML>=6,<7" \
-    "typer>=0.12,<1" "rich>=13.7,<16" "filelock>=4.3.1,<5"
+  if ! wheels_current "$wheels"; then
+    rm -f "$wheels.resolved"
+    python3 -m pip download -q -d "$wheels" torch==2.13.0 expecttest numpy "scipy>=1.11,<2" \
+      "pytest>=8,<10" "pydantic>=2.7,<3" "pydantic-settings>=2.4,<3" "PyYAML>=6,<7" \
+      "typer>=0.12,<1" "rich>=13.7,<16" "filelock>=4.3.1,<5"
+    wheels_key >"$wheels.resolved"
+  fi
   echo "$work/runner"
 }
 
 relay_wheels() {  # the whole service with its selection agent; torch pinned to the CPU build
   local wheels="$work/relay/wheels"
-  rm -rf "$wheels" && mkdir -p "$wheels"  # exactly the dependencies: the image installs them all
   own_wheel "$work/relay"
-  # async-timeout: redis wants it below Python 3.11.3 (Debian's 3.11.2), not on the host's.
-  SOURCE_DATE_EPOCH=315532800 python3 -m pip wheel -q -w "$wheels" \
-    "torch==2.13.0" "$root[agent]" "async-timeout>=4.0.3" \
-    >/dev/null
-  rm -f "$wheels"/ci_relay-*.whl  # its own layer (own/)
+  if ! wheels_current "$wheels"; then
+    rm -rf "$wheels" "$wheels.resolved" && mkdir -p "$wheels"  # exactly the deps: all installed
+    # async-timeout: redis wants it below Python 3.11.3 (Debian's 3.11.2), not on the host's.
+    SOURCE_DATE_EPOCH=315532800 python3 -m pip wheel -q -w "$wheels" \
+      "torch==2.13.0" "$root[agent]" "async-timeout>=4.0.3" \
+      >/dev/null
+    rm -f "$wheels"/ci_relay-*.whl  # its own layer (own/)
+    wheels_key >"$wheels.resolved"
+  fi
   echo "$work/relay"
 }
 
