@@ -46,6 +46,10 @@ REVIEWED = {
         "ci_relay/cli/specs.py",
         "specs_profile_check",
     ): "SPYRE_EMU_PROFILE: the emulator's own variable, read as the emulator reads it",
+    (
+        "ci_relay/cli/coverage.py",
+        "_run_pytest",
+    ): "the recorded repository's pytest inherits the environment, its tree on PYTHONPATH",
 }
 
 
