@@ -170,28 +170,9 @@ service_context() {  # redis, postgres: the service's own scripts from docker/, 
   echo "$ctx"
 }
 
-# The services' base is a second debootstrap: on a new machine it runs in the background
-# while the runner images build (the one is mostly download and unpack, the other pip)
-services_pid=
-stop_services_base() {  # a failed build ends the background debootstrap too
-  if [ -n "$services_pid" ]; then pkill -TERM -P "$services_pid" 2>/dev/null; kill "$services_pid" 2>/dev/null; fi
-  return 0
-}
-trap stop_services_base EXIT
 for target in "${targets[@]}"; do
   case $target in
-    redis|postgres)
-      if [ -z "$services_pid" ]; then services_base >/dev/null & services_pid=$!; fi ;;
-  esac
-done
-for target in "${targets[@]}"; do
-  case $target in
-    redis|postgres)
-      if [ -n "$services_pid" ]; then
-        wait "$services_pid" || { say "the services' base image failed (see above)"; exit 1; }
-        services_pid=
-      fi
-      base=$(services_base) ;;
+    redis|postgres) base=$(services_base) ;;
     *) base=$(python_base) ;;
   esac
   case $target in
