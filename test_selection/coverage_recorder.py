@@ -186,14 +186,15 @@ class Recorder:
         """Named functions the test executed, each with its distance in calls from the test
         file's own code (the test, its class's set-up) or, unreached from it, the deepest."""
         entries = profiler.getstats()
-        test_file = os.path.realpath(str(item.path))
+        test_file = self.namer(str(item.path))  # named (and cached) like every other file
         callees: dict[object, list[object]] = {}
         roots: list[object] = []
         for entry in entries:
             callees[entry.code] = [sub.code for sub in (entry.calls or ())]
             if (
                 isinstance(entry.code, types.CodeType)
-                and os.path.realpath(entry.code.co_filename) == test_file
+                and test_file is not None
+                and self.namer(entry.code.co_filename) == test_file
             ):
                 roots.append(entry.code)
         depth: dict[object, int] = dict.fromkeys(roots, 0)
