@@ -126,6 +126,16 @@ class Settings(BaseSettings):
         default="range", description="range: tests the commits since the last nightly touch"
     )
     health_window_days: int = Field(default=14, ge=1, le=365)
+    # Per-test coverage maps (test_selection.coverage_map): recorded where the tests run
+    coverage_nightly: bool = Field(
+        default=True, description="the nightly's shards record which functions each test ran"
+    )
+    coverage_backends: list[str] = Field(
+        default_factory=list, description="backends whose every run records a coverage map"
+    )
+    coverage_select: bool = Field(
+        default=True, description="selection ranks with the newest map of the backend"
+    )
 
     @model_validator(mode="after")
     def _reports_are_complete(self) -> Settings:

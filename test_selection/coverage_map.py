@@ -17,13 +17,15 @@ import gzip
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 FORMAT = "ci-relay-coverage/1"
+STREAM_FORMAT = "ci-relay-coverage-stream/1"  # what a shard appends as its tests end
+MAX_STREAM_LINE = 16 * 1024 * 1024  # a test of 200k functions is ~3 MB of ids
 MAX_DEPTH = 15  # calls from the test; deeper ones are stored as this
 REVISION = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64}|working-tree)$")
 # what a test did that the recorder could not follow: still recorded, with this flag
@@ -211,5 +213,52 @@ class CoverageIndex:
         return best
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+def read_streams(
+    paths: Iterable[Path], repository: str, revision: str, backend: str | None = None
+) -> tuple[CoverageMap, int]:
+    """A map from the JSON-lines records a shard's processes appended (the recorder's
+    ``--coverage-stream``), and how many lines could not be used: the last line of a process
+    killed mid-write, or anything a test process wrote over the file (it is the child's).
+    Functions are numbered per process: each record names its pid."""
+    cmap = CoverageMap(repository=repository, revision=revision, backend=backend)
+    skipped = 0
+    for path in paths:
+        names: dict[tuple[int, int], Function] = {}
+        try:
+            stream = path.open("rb")
+        except OSError:
+            continue
+        with stream:
+            for raw in _lines(stream):
+                if raw is None:  # longer than any record the recorder writes
+                    skipped += 1
+                    continue
+                try:
+                    record = json.loads(raw)
+                    pid = int(record["pid"])
+                    if "f" in record:
+                        number, file, qualname = record["f"]
+                        names[(pid, int(number))] = (str(file), str(qualname))
+                    elif "t" in record:
+                        functions = {names[(pid, int(i))]: int(d) for i, d in record["s"]}
+                        cmap.add(str(record["t"]), functions, map(str, record.get("flags", ())))
+                    elif record.get("format") != STREAM_FORMAT:
+                        skipped += 1
+                except (ValueError, KeyError, TypeError):
+                    skipped += 1
+    return cmap, skipped
+
+
+def _lines(stream: IO[bytes]) -> Iterator[bytes | None]:
+    """The file's lines, or None for one longer than MAX_STREAM_LINE (never held whole: the
+    file is written by the tests' process, which may write anything)."""
+    while True:
+        line = stream.readline(MAX_STREAM_LINE)
+        if not line:
+            return
+        if len(line) == MAX_STREAM_LINE and not line.endswith(b"\n"):
+            while line and not line.endswith(b"\n"):
+                line = stream.readline(MAX_STREAM_LINE)
+            yield None
+            continue
+        yield line

@@ -13,13 +13,19 @@ packages, pytest) is left out.
 A test that starts threads or processes, or replaces the profiler, is recorded as far as the
 profiler saw and flagged; the plugin never fails a test.
 
-Enable with ``-p test_selection.coverage_recorder --record-coverage FILE --coverage-root DIR``.
+Enable with ``-p test_selection.coverage_recorder --record-coverage FILE --coverage-root DIR``
+(one map, written when the session ends), or ``--coverage-stream FILE`` (a relay shard: each
+test's record is appended as it ends, so a test process that crashes, or one forked per crash
+by the shard's restarts, loses nothing already recorded; ``coverage_map.read_streams`` turns
+the lines into a map).
 """
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import inspect
+import json
 import os
 import sys
 import threading
@@ -31,12 +37,15 @@ from typing import Any, cast
 
 import pytest
 
-from test_selection.coverage_map import MAX_DEPTH, CoverageMap, Function
+from test_selection.coverage_map import MAX_DEPTH, STREAM_FORMAT, CoverageMap, Function
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ci-relay coverage")
     group.addoption("--record-coverage", default=None, help="write a per-test coverage map here")
+    group.addoption(
+        "--coverage-stream", default=None, help="append each test's record to this file (JSONL)"
+    )
     group.addoption(
         "--coverage-root", default=None, help="the upstream checkout (default: rootdir)"
     )
@@ -126,10 +135,52 @@ def generic_test_id(item: pytest.Item, root: Path) -> str:
     return "::".join([file, *parts[1:]])
 
 
+class StreamWriter:
+    """Appends records to a JSON-lines file, one ``os.write`` per line (``O_APPEND``): a
+    function is defined once per process (``{"pid", "f": [id, file, qualname]}``), a test's
+    record names the ids (``{"pid", "t": test, "s": [[id, depth], ...], "flags"}``). A test
+    already written in this process is written again only with what it adds (the variants
+    of one upstream test mostly execute the same functions). A process forked from this one
+    starts its own ids under its own pid."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        self.pid = -1
+        self._reset()
+
+    def _reset(self) -> None:
+        self.pid = os.getpid()
+        self.ids: dict[Function, int] = {}
+        self.written: dict[str, dict[Function, int]] = {}
+        self._line({"format": STREAM_FORMAT, "pid": self.pid})
+
+    def _line(self, record: dict[str, Any]) -> None:
+        os.write(self.fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+
+    def add(self, test: str, functions: dict[Function, int], flags: set[str]) -> None:
+        if os.getpid() != self.pid:
+            self._reset()
+        known = self.written.setdefault(test, {})
+        new = {f: d for f, d in functions.items() if d < known.get(f, MAX_DEPTH + 1)}
+        if not new and not flags and known:
+            return
+        lines = []
+        for function in new:
+            if function not in self.ids:
+                self.ids[function] = len(self.ids)
+                lines.append({"pid": self.pid, "f": [self.ids[function], *function]})
+        for record in lines:
+            self._line(record)
+        pairs = sorted([self.ids[f], d] for f, d in new.items())
+        self._line({"pid": self.pid, "t": test, "s": pairs, "flags": sorted(flags)})
+        known.update(new)
+
+
 class Recorder:
     def __init__(self, config: pytest.Config) -> None:
         opt = config.option
-        self.output = Path(opt.record_coverage)
+        self.output = Path(opt.record_coverage) if opt.record_coverage else None
+        self.stream = StreamWriter(Path(opt.coverage_stream)) if opt.coverage_stream else None
         self.root = Path(opt.coverage_root or config.rootpath).resolve()
         packages = opt.coverage_package or upstream_packages(self.root)
         self.namer = Namer(self.root, packages)
@@ -180,7 +231,12 @@ class Recorder:
             except Exception:  # never fail a test over its record
                 functions = {}
                 flags.add("failed-to-record")
-            self.map.add(test, functions, flags)
+            if self.stream is not None:
+                # a full disk: the map loses a test, the test runs on
+                with contextlib.suppress(OSError):
+                    self.stream.add(test, functions, flags)
+            else:
+                self.map.add(test, functions, flags)
 
     def _functions(self, profiler: cProfile.Profile, item: pytest.Item) -> dict[Function, int]:
         """Named functions the test executed, each with its distance in calls from the test
@@ -223,9 +279,10 @@ class Recorder:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         threading.setprofile(None)
         self.map.seconds = time.monotonic() - self.started
-        self.map.save(self.output)
+        if self.output is not None:
+            self.map.save(self.output)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.option.record_coverage:
+    if config.option.record_coverage or config.option.coverage_stream:
         config.pluginmanager.register(Recorder(config), "ci-relay-coverage-recorder")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import secrets
 import shutil
@@ -28,6 +29,7 @@ from ci_relay.execution.runtimes import (
     scratch_usage,
 )
 from ci_relay.execution.shard import ShardReport, ShardRequest, run_shard
+from test_selection.coverage_map import read_streams
 from tests.conftest import CliResult
 
 pytestmark = pytest.mark.slow
@@ -128,6 +130,7 @@ def sandbox_report(
             per_test_timeout=10,
             limits=Limits(memory_mb=1536, pids=256, wall_seconds=600),
             env=faults.env(),
+            record_coverage=True,  # the relay's nightly records: it must survive all of this
         )
         runtime = get_runtime(request.param, options=RuntimeOptions(hidden=faults.hidden))
         return run_shard(runtime, shard)
@@ -170,6 +173,25 @@ def test_every_test_has_a_result(sandbox_report: ShardReport) -> None:
     assert _outcome(sandbox_report, "test_c_ok")[0] == "passed"  # after the segfault
     assert _outcome(sandbox_report, "test_j_ok")[0] == "passed"  # after the hang
     assert sandbox_report.error is None
+
+
+def test_coverage_is_recorded_across_crashes_and_restarts(sandbox_report: ShardReport) -> None:
+    """Each test process appends its tests' records as they end: the tests before a crash,
+    and those of the processes forked (or started) after it, all reach the map."""
+    streams = sandbox_report.coverage_streams
+    cmap, skipped = read_streams(streams, "o/faults", "f" * 40, "cpu")
+    pids = {
+        json.loads(line)["pid"]
+        for path in streams
+        for line in path.read_text().splitlines()
+        if line.startswith("{")
+    }
+    assert len(pids) >= 3, pids  # the segfault and the hang each cost a test process
+    for name in ("test_a_ok", "test_c_ok", "test_j_ok", "test_r_ok"):
+        test = f"test/test_faults.py::TestFaults::{name}"
+        assert cmap.tests[test] == {("test/test_faults.py", f"TestFaults.{name}"): 1}, test
+    assert "test/test_faults.py::TestFaults::test_b_segfault" not in cmap.tests  # died in it
+    assert skipped == 0
 
 
 def test_a_segfault_is_recorded_as_crashed(sandbox_report: ShardReport) -> None:

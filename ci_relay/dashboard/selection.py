@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ci_relay.dashboard.views import (
+    CoverageView,
     DriftView,
     EvidenceItem,
     Pager,
@@ -109,6 +110,23 @@ def explain(
         shares=_numbers(plan.get("shares")),
         spec_drift=_drift(plan.get("spec_drift")),
         ranking=_ranking(plan.get("ranking")),
+        coverage=_coverage(plan.get("coverage")),
+    )
+
+
+def _coverage(value: Any) -> CoverageView | None:
+    """A stored plan's coverage map (none: selected without one)."""
+    if not isinstance(value, Mapping) or not value.get("revision"):
+        return None
+    behind = value.get("commits_behind")
+    known = value.get("known_functions")
+    return CoverageView(
+        revision=str(value["revision"]),
+        recorded_at=str(value.get("recorded_at") or ""),
+        commits_behind=behind if isinstance(behind, int) else None,
+        changed=int(value.get("changed_functions") or 0),
+        known=len(known) if isinstance(known, list) else 0,
+        tests_reached=int(value.get("tests_reached") or 0),
     )
 
 

@@ -419,6 +419,19 @@ class SelectionView:
     shares: dict[str, float] = field(default_factory=dict)  # of tests, test files, seconds
     spec_drift: list[DriftView] = field(default_factory=list)
     ranking: RankingView | None = None
+    coverage: CoverageView | None = None
+
+
+@dataclass(frozen=True)
+class CoverageView:
+    """The coverage map a selection ranked with: which, how old, what it knew."""
+
+    revision: str
+    recorded_at: str
+    commits_behind: int | None
+    changed: int
+    known: int
+    tests_reached: int
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ from ci_relay.execution.crashes import ProgressReader, crash_details, why_it_die
 from ci_relay.execution.runtimes import Completed, Invocation, Limits, Runtime
 from ci_relay.execution.spec_run import TestOutcome
 
-RUNNER_FILES = ("tests-", "deselect-", "progress-")  # + specs/: what a wipe of scratch keeps
+# + specs/: what a wipe of scratch keeps
+RUNNER_FILES = ("tests-", "deselect-", "progress-", "coverage-")
 RERUN_AT_MOST = 20
 TAIL_SECONDS = 1.0  # how often a running child's new results are handed on
 MUST_PASS = (None, "mandatory_success")  # the modes whose failures are rerun for flakes
@@ -68,6 +69,9 @@ class ShardRequest:
     # of the runner starting (and collecting) a new child: None = the backend's default,
     # off for a real card whose runtime is not known to be fork-safe
     restart_in_process: bool | None = None
+    # each test process appends its tests' executed functions to scratch/coverage-N.jsonl
+    # (the per-test coverage map, test_selection.coverage_map.read_streams)
+    record_coverage: bool = False
 
     @property
     def restarts_in_process(self) -> bool:
@@ -87,6 +91,7 @@ class ShardReport:
     error: str | None = None
     counts: Counter[str] = field(default_factory=Counter)  # stored outcome -> results
     crashed: list[str] = field(default_factory=list)
+    coverage_streams: list[Path] = field(default_factory=list)  # in scratch: read before it goes
 
 
 def _outcome_of(event: dict[str, object]) -> TestOutcome:
@@ -241,6 +246,7 @@ def _command(
     tests: Path,
     deselect: Path,
     progress: Path,
+    coverage: Path | None = None,
 ) -> list[str]:
     argv = [python, "-m", "ci_relay.execution.shard_child", "--upstream", str(request.upstream)]
     for spec in specs:
@@ -251,6 +257,8 @@ def _command(
         argv += ["--label", request.label]
     if request.restarts_in_process:
         argv += ["--restart-in-process"]
+    if coverage is not None:
+        argv += ["--coverage-stream", str(coverage)]
     return argv
 
 
@@ -261,6 +269,7 @@ def _attempt(
     skip: set[str],
     n: int,
     on_events: Callable[[list[dict[str, object]]], None],
+    on_coverage: Callable[[Path], None] = lambda _path: None,
 ) -> tuple[Completed, ProgressReader]:
     """One child process over ``tests`` minus ``skip``; its events go to ``on_events`` as
     it logs them. Returns how it ended and its log's reader (where it stopped, its last
@@ -269,6 +278,7 @@ def _attempt(
     scratch.mkdir(parents=True, exist_ok=True)
     tests_file, deselect_file = scratch / f"tests-{n}.txt", scratch / f"deselect-{n}.txt"
     progress = scratch / f"progress-{n}.jsonl"
+    coverage = scratch / f"coverage-{n}.jsonl" if request.record_coverage else None
     _write(tests_file, ("\n".join(tests) + "\n").encode())
     _write(deselect_file, ("\n".join(sorted(skip)) + "\n").encode())
     specs_dir = scratch / "specs"  # copies: the runtime sees only upstream and scratch
@@ -282,18 +292,20 @@ def _attempt(
         _write(copy, spec.read_bytes())
         specs.append(copy)
     invocation = Invocation(
-        _command(runtime.python, specs, request, tests_file, deselect_file, progress),
+        _command(runtime.python, specs, request, tests_file, deselect_file, progress, coverage),
         request.upstream,
         scratch,
         request.env,
         request.limits,
-        outputs=(progress,),
+        outputs=(progress,) if coverage is None else (progress, coverage),
     )
     reader = ProgressReader(progress)
     with _Tail(reader, on_events):
         done = runtime.run(invocation)
     if done.killed_for:
         free_scratch(scratch)  # over quota: the next process starts with its space back
+    if coverage is not None:
+        on_coverage(coverage)
     return done, reader
 
 
@@ -318,7 +330,13 @@ def run_shard(
     while report.processes < max_processes:
         report.processes += 1
         done, reader = _attempt(
-            runtime, request, request.tests, set(results.done), report.processes, on_events
+            runtime,
+            request,
+            request.tests,
+            set(results.done),
+            report.processes,
+            on_events,
+            report.coverage_streams.append,
         )
         report.log.append(done.output[-4000:])
         running = reader.running

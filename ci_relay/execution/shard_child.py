@@ -10,7 +10,11 @@ already done (drift report, summary table). Its stdout is pytest's, sent to /dev
 
     python -m ci_relay.execution.shard_child --upstream DIR --spec FILE ... --backend NAME
         --tests FILE --deselect FILE --progress FILE [--per-test-timeout SECONDS]
-        [--label LABEL] [--restart-in-process]
+        [--label LABEL] [--restart-in-process] [--coverage-stream FILE]
+
+With ``--coverage-stream`` each test's executed functions are appended to FILE as it ends
+(``test_selection.coverage_recorder``): the relay's per-test coverage map, recorded where the
+tests really run.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-test-timeout", type=float, default=None)
     parser.add_argument("--label", default=None)
     parser.add_argument("--restart-in-process", action="store_true")
+    parser.add_argument("--coverage-stream", type=Path, default=None)
     args = parser.parse_args(argv)
     upstream = args.upstream.resolve()
     try:
@@ -66,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         crash_restarts.stderr_fd = os.dup(2)  # before pytest captures fd 2
     if args.per_test_timeout:
         extra += ["--per-test-timeout", str(args.per_test_timeout)]
+    if args.coverage_stream is not None:
+        extra += ["-p", "test_selection.coverage_recorder", "--coverage-root", str(upstream)]
+        extra += ["--coverage-stream", str(args.coverage_stream)]
     result, _ = run_pytest(
         lambda ini: pytest_args(
             args.spec,

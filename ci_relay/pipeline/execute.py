@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from sqlalchemy import delete
 
 from ci_relay.checkouts import CheckoutError, upstream_mirror
 from ci_relay.context import RelayContext
+from ci_relay.coverage_maps import records_coverage, store_shard_map
 from ci_relay.execution.choice import shard_runtime
 from ci_relay.execution.devices import claim_device
 from ci_relay.execution.outcomes import BAD_OUTCOMES
@@ -53,6 +55,7 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
         shard = session.get(Shard, shard_id)
         assert shard is not None
         run_id, backend, head = shard.run_id, shard.run.backend, shard.run.change.head_sha
+        repository, kind = shard.run.change.repository, shard.run.change.kind
         tests = list(shard.test_files)
         label = rt.policy.label_for(shard.run.change.repository, backend)
         # an earlier attempt's (a worker that died mid-shard): this attempt stores its own
@@ -68,6 +71,15 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
                 rerun_failures=True,
                 on_results=lambda found: _store_streamed(rt, shard_id, found),
                 label=label,
+                on_coverage=(
+                    (
+                        lambda streams: store_shard_map(
+                            rt, shard_id, streams, repository, head, backend
+                        )
+                    )
+                    if records_coverage(rt, kind, backend)
+                    else None
+                ),
             )
     except (RuntimeUnavailable, CheckoutError) as exc:
         log.error("shard %s of run %s not run: %s", shard_id, run_id, exc)
@@ -133,10 +145,13 @@ def run_tests_at(
     rerun_failures: bool,
     on_results: OnResults | None = None,
     label: str | None = None,
+    on_coverage: Callable[[list[Path]], object] | None = None,
 ) -> tuple[str, ShardReport]:
     """Run generic ``tests`` at upstream ``sha`` on ``backend`` in the runtime the settings
-    allow, holding a device slot: a shard's work, and triage's reruns. Raises
-    :class:`RuntimeUnavailable` or :class:`CheckoutError` when they cannot run at all."""
+    allow, holding a device slot: a shard's work, and triage's reruns. With ``on_coverage``
+    the tests record their per-test coverage, handed over (the shard's stream files) before
+    the scratch folder goes. Raises :class:`RuntimeUnavailable` or :class:`CheckoutError`
+    when they cannot run at all."""
     settings = rt.settings
     runtime = shard_runtime(settings, backend)
     mirror = upstream_mirror(settings)
@@ -169,9 +184,15 @@ def run_tests_at(
                 env=device.env(),
                 rerun_failures=rerun_failures,
                 label=label,
+                record_coverage=on_coverage is not None,
             ),
             on_results=on_results,
         )
+        if on_coverage is not None:
+            try:
+                on_coverage(report.coverage_streams)
+            except Exception:  # the map is evidence for later; the shard's results stand
+                log.exception("%s: its coverage map was not stored", log_as)
     return runtime.name, report
 
 

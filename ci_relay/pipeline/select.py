@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from ci_relay.checkouts import CheckoutError, upstream_mirror
 from ci_relay.context import RelayContext
+from ci_relay.coverage_maps import newest_map
 from ci_relay.pipeline.upgrade import upgrade_plan_json
 from ci_relay.reporting.outbox import enqueue_reports
 from ci_relay.steps import Next, claim_pending_or_stale, report_steps
@@ -28,6 +29,9 @@ from ci_relay.store.models import (
 )
 from reuse_specs.errors import SpecErrors
 from test_selection.agents import agent_by_name
+from test_selection.coverage_map import CoverageMap, CoverageMapError
+from test_selection.coverage_select import check_map
+from test_selection.git import Repo
 from test_selection.layout import EmptyUniverse
 from test_selection.observations import Observation
 from test_selection.selector import SelectorConfig
@@ -69,7 +73,12 @@ def select_tests(rt: RelayContext, run_id: int, stale_after: timedelta) -> list[
     try:
         observations = past_observations(rt, repository, backend, exclude_run=run_id)
         label = rt.policy.label_for(repository, backend)
-        plan = _plan(rt, head, base, observations, everything, label)
+        coverage = (
+            newest_map(rt, repository, backend)
+            if rt.settings.coverage_select and not everything
+            else None
+        )
+        plan = _plan(rt, head, base, observations, everything, label, coverage)
     except (CheckoutError, SpecErrors, EmptyUniverse) as exc:  # no commit, bad spec, no test
         log.error("run %s: selection impossible: %s", run_id, exc)
         return _run_failed(rt, run_id, f"selection failed: {exc}")
@@ -164,9 +173,11 @@ def _plan(
     observations: tuple[Observation, ...] = (),
     everything: bool = False,
     label: str | None = None,
+    coverage: CoverageMap | None = None,
 ) -> TestPlan:
     """The four-stage selector's plan for head against base (or head's parent); every test
-    the specs allow when ``everything``."""
+    the specs allow when ``everything``. ``coverage``: the backend's newest map, used when
+    it is of this history (a map the mirror cannot place is ignored with a warning)."""
     mirror = upstream_mirror(rt.settings)
     settings = rt.settings
     budget = Budget("all") if everything else Budget.parse(settings.selection_budget)
@@ -192,6 +203,12 @@ def _plan(
         label=label,
     )
     with mirror.tree(head) as tree:
+        if coverage is not None:
+            try:
+                check_map(coverage, Repo(tree), coverage.repository)
+                config.coverage = coverage.index()
+            except CoverageMapError as exc:
+                log.warning("selection without a coverage map: %s", exc)
         plan, _ = select_tests_for(tree, base, head, rt.specs, config)
     return plan
 

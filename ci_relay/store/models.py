@@ -354,3 +354,24 @@ class CrcrResult(Base):
     body: Mapped[bytes] = mapped_column(LargeBinary)
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class CoverageRecord(Base):
+    """One shard's per-test coverage map (``test_selection.coverage_map``, its gzip JSON):
+    the functions each of its tests executed, recorded where the tests ran. The maps of a
+    run's shards together are the map of that revision on that backend; the newest is what
+    the relay's selection ranks with."""
+
+    __tablename__ = "coverage_maps"
+    __table_args__ = (Index("ix_coverage_maps_repo", "repository", "backend", "run_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    shard_id: Mapped[int] = mapped_column(ForeignKey("shards.id"), unique=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    repository: Mapped[str] = mapped_column(String(256))
+    backend: Mapped[str] = mapped_column(String(32))
+    revision: Mapped[str] = mapped_column(String(64))
+    tests: Mapped[int] = mapped_column(Integer, default=0)
+    functions: Mapped[int] = mapped_column(Integer, default=0)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    recorded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
