@@ -10,6 +10,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import select
 
@@ -19,7 +20,7 @@ from ci_relay.nightly import nightly_steps
 from ci_relay.store.models import Change, CoverageRecord, Selection
 from test_selection.coverage_map import read_streams
 from tests.gitrepo import GitRepo
-from tests.relay_fixtures import drain, upstream_context
+from tests.relay_fixtures import drain, served_app, upstream_context
 
 N = 30  # implementations behind one dispatcher, and tests in the large file
 CORE = "\n".join(
@@ -113,6 +114,15 @@ def test_the_nightly_records_a_map_and_the_next_selection_ranks_with_it(
     assert isinstance(coverage, dict)
     assert coverage["revision"] == first and coverage["commits_behind"] == 0
     assert coverage["known_functions"] == ["pkg/core.py:_impl_17"]
+    # the run page says which map, how old, what it knew, and why the test was chosen
+    with rt.db.session() as s:
+        change = s.scalars(select(Change).where(Change.head_sha == fix)).one()
+        run_id = change.runs[0].id
+    with served_app(rt) as url:
+        page = httpx.get(f"{url}/runs/{run_id}", timeout=30).text
+    assert f'<dt>coverage map</dt><dd class="coverage-map"><span class="mono">{first[:10]}' in page
+    assert "0 commit(s) before the base: knew 1 of 1 changed function(s)" in page
+    assert "executed changed pkg/core.py:_impl_17 (2 calls deep" in page
     # this nightly recorded too: now the newest map is its own
     newer = newest_map(rt, "sample/pytorch", "cpu")
     assert newer is not None and newer.revision == fix
