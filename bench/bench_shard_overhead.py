@@ -32,6 +32,12 @@ baseline, with the runner holding every result until the shard ends (``run_shard
 worker adds for the shard, above where it started) and of the shard's processes (PSS), and
 the results each got.
 
+``--coverage`` (issue 34) runs the shard as the relay's nightly does, recording which
+functions each test executes (``record_coverage``: the recorder in every test process,
+appending each test's record as it ends), against the same shard without it, alternating:
+medians, the ratio (goal <= 1.5), the counts (they must match), and the map the worker would
+store (tests, functions, gzip size).
+
 Needs a real PyTorch test file (fetched with the search tool's ``read_file``, see
 ``bench/README.md``) in a folder laid out like PyTorch (``ROOT/test/FILE``), and for
 ``--runtime container`` the runner image (``python -m ci_relay images build --backend B``).
@@ -324,6 +330,56 @@ def _memory(args: argparse.Namespace, runtime: Runtime, test_file: Path, root: P
             del report
 
 
+def _coverage(args: argparse.Namespace, runtime: Runtime, test_file: Path, root: Path) -> None:
+    """The shard with the coverage recorder on, against the same shard without it."""
+    import gzip
+    import json
+
+    from test_selection.coverage_map import read_streams
+
+    tests = generic_test_ids(test_file, root)
+    print(
+        f"{test_file.name}: {len(tests)} generic tests on {args.backend}, {runtime.name}; "
+        f"{args.rounds} round(s), alternating",
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-coverage-") as tmp:
+        work = Path(tmp)
+        spec, _ini = _write_inputs(work, test_file, args.dtypes)
+        times: dict[bool, list[float]] = {False: [], True: []}
+        counts: dict[bool, Counter[str]] = {}
+        for i in range(args.rounds):
+            for record in (False, True) if i % 2 == 0 else (True, False):
+                request = _request(tests, spec, root, work / f"shard-{i}-{record}", args.backend)
+                request.record_coverage = record
+                start = time.perf_counter()
+                report = run_shard(runtime, request)
+                times[record].append(time.perf_counter() - start)
+                counts[record] = _shard_counts(report)
+                label = "recording" if record else "plain"
+                print(f"  round {i + 1}: {label} {times[record][-1]:.1f}s", flush=True)
+                if record:
+                    cmap, skipped = read_streams(
+                        report.coverage_streams, "pytorch/pytorch", "0" * 40, args.backend
+                    )
+                    packed = gzip.compress(json.dumps(cmap.to_json()).encode(), compresslevel=6)
+                    flagged = sum(1 for marks in cmap.flags.values() if marks)
+                    print(
+                        f"    map: {len(cmap.tests)} tests, {len(cmap.functions())} functions, "
+                        f"{len(packed) / 1e6:.2f} MB gzip, {flagged} flagged, {skipped} "
+                        "unreadable line(s); streams "
+                        f"{sum(p.stat().st_size for p in report.coverage_streams) / 1e6:.1f} MB",
+                        flush=True,
+                    )
+        for record, c in counts.items():
+            print(f"variants, {'recording' if record else 'plain'}: {sum(c.values())} {dict(c)}")
+        if counts[False] != counts[True]:
+            print("  COUNTS DIFFER: recording changed what ran or how it ended")
+        plain, recording = statistics.median(times[False]), statistics.median(times[True])
+        print(f"median: plain {plain:.1f}s, recording {recording:.1f}s")
+        print(f"ratio recording / plain = {recording / plain:.3f} (goal <= 1.5)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("file", type=Path, help="ROOT/test/test_x.py, a real PyTorch test file")
@@ -334,6 +390,9 @@ def main() -> None:
     parser.add_argument("--split", action="store_true", help="one round of each step between")
     parser.add_argument(
         "--memory", action="store_true", help="the runner's memory, streamed against held"
+    )
+    parser.add_argument(
+        "--coverage", action="store_true", help="the shard recording coverage, against without"
     )
     args = parser.parse_args()
     test_file = args.file.resolve()
@@ -346,6 +405,9 @@ def main() -> None:
         return
     if args.memory:
         _memory(args, runtime, test_file, root)
+        return
+    if args.coverage:
+        _coverage(args, runtime, test_file, root)
         return
     tests = generic_test_ids(test_file, root)
     with tempfile.TemporaryDirectory(prefix="bench-shard-") as tmp:
