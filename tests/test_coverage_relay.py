@@ -21,18 +21,10 @@ from ci_relay.store.models import Change, CoverageRecord, Selection
 from test_selection.coverage_map import read_streams
 from tests.gitrepo import GitRepo
 from tests.relay_fixtures import drain, served_app, upstream_context
+from tests.test_coverage_map import dispatcher
 
 N = 30  # implementations behind one dispatcher, and tests in the large file
-CORE = "\n".join(
-    [
-        "def dispatch(n):",
-        "    return TABLE[n](n)",
-        "",
-        *(f"def _impl_{i}(n):\n    return n * {i + 2}\n" for i in range(N)),
-        f"TABLE = [{', '.join(f'_impl_{i}' for i in range(N))}]",
-        "",
-    ]
-)
+CORE = dispatcher(N)
 # the tests read alike: nothing in a test's words says which implementation it reaches
 LARGE = (
     "import os\nimport sys\n\n"
