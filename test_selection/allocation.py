@@ -55,6 +55,9 @@ class Calibration:
     edited: dict[int, list[float]] = field(default_factory=dict)  # size -> [tests, files]
     coverage: list[float] = field(default_factory=list)  # share of edited tests by decile
     cases: int = 0
+    # with a coverage map: the chance that a test which executed a changed function was
+    # edited, in a file the change touched (None: the ranking does not use a map)
+    reached: float | None = None
     _p: list[float] | None = field(default=None, repr=False, compare=False)
     _p_none: float = field(default=0.0, repr=False, compare=False)
     _shares: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -150,10 +153,17 @@ def file_values(
     tests: int,
     calibration: Calibration,
     file_weight: float = FILE_WEIGHT,
+    reached: int = 0,
 ) -> Any:
     """The value of each position of a file's within-file order (falling along the file),
-    as a numpy array."""
+    as a numpy array. ``reached``: the order starts with this many tests that executed a
+    changed function, each worth at least the measured chance that such a test is edited."""
     values = p_file * expected * calibration.shares(tests)
+    if reached and calibration.reached is not None:
+        import numpy as np
+
+        k = min(reached, tests)
+        values[:k] = np.maximum(values[:k], p_file * calibration.reached)
     if tests:
         values[0] += p_file * file_weight
     return values

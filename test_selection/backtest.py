@@ -21,7 +21,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,16 +34,20 @@ from test_selection.allocation import (
     rank_bucket,
     size_bucket,
 )
+from test_selection.coverage_map import CoverageIndex, Reach
+from test_selection.coverage_select import PastReach, past_reach, reached_first
 from test_selection.git import GitError, Repo
 from test_selection.history import History
 from test_selection.learned import Ranker, fit
 from test_selection.rankers import (
     Blend,
+    CoverageBoost,
     FileRanker,
     FileScores,
     HistoryCounting,
     LearnedRanking,
     WordsRanking,
+    boost,
 )
 from test_selection.test_bodies import diff_words, split_tests
 
@@ -56,6 +60,14 @@ REFIT_EVERY = 50  # commits of history an anchor serves
 MAX_CASE_FILES = 60  # a larger commit is a sweep, not a change and its tests
 TIE = 0.005  # a candidate must beat the earlier (simpler) ones by this much
 SPREAD, WHOLE = "spread", "whole"  # allocation.py's rule, or whole files in rank order
+# with a coverage map: the tests that executed a changed function first in their file, and
+# also the files holding them moved up the ranking
+REACHED_FIRST, REACHED_FILES = "reached-first", "reached-files"
+COVERAGE_LABELS = {
+    "": "",
+    REACHED_FIRST: ", tests the coverage map reaches first",
+    REACHED_FILES: ", files and tests the coverage map reaches first",
+}
 # the winner may not find fewer edited test files, or fewer edited tests, than history
 # counting taking whole files (the plain baseline) did on the same commits, by more than
 TOLERANCE = 0.02
@@ -80,6 +92,8 @@ class Case:
     words: frozenset[str] = frozenset()  # of its source change
     # the tests of its test files as they were before it (the words ranking reads them)
     before: dict[str, tuple[frozenset[str], ...]] = field(default_factory=dict)
+    # test file -> its tests' names (``Class::name``) in the within-file order of ``truth``
+    names: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,6 +105,7 @@ class Figures:
     file_recall: float
     test_recall: float
     allocation: str = SPREAD
+    coverage: str = ""  # "", REACHED_FIRST or REACHED_FILES: how the coverage map is used
 
     @property
     def objective(self) -> float:
@@ -98,12 +113,21 @@ class Figures:
 
     @property
     def label(self) -> str:
-        return self.description + (", whole files" if self.allocation == WHOLE else "")
+        return (
+            self.description
+            + (", whole files" if self.allocation == WHOLE else "")
+            + COVERAGE_LABELS[self.coverage]
+        )
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/{self.allocation}/{self.coverage}"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "ranking": self.name,
             "allocation": self.allocation,
+            "coverage": self.coverage,
             "description": self.label,
             "file_recall": round(self.file_recall, 4),
             "edited_test_recall": round(self.test_recall, 4),
@@ -187,21 +211,28 @@ class RankingChoice:
     seconds: float = 0.0
     agent: AgentVerdict | None = None  # set by the selector (measured apart, cached apart)
     allocation: str = SPREAD
+    coverage: str = ""  # how the coverage map is used ("": not at all)
 
     def ranker(
         self,
         imports: dict[str, set[str]],
         words: frozenset[str],
         tokens: Mapping[str, Sequence[frozenset[str]]],
+        reach: Mapping[str, float] | None = None,
     ) -> FileRanker:
-        """The chosen ranking, for a change with these words over tests with these tokens."""
+        """The chosen ranking, for a change with these words over tests with these tokens
+        (and, where the choice moves them up, the files a coverage map reaches)."""
         made = candidates(self.learned, imports, words, tokens)
-        return made.get(self.chosen) or made["history"]
+        chosen = made.get(self.chosen) or made["history"]
+        if self.coverage == REACHED_FILES and reach:
+            return CoverageBoost(chosen, reach)
+        return chosen
 
     def to_json(self) -> dict[str, Any]:
         return {
             "chosen": self.chosen,
             "allocation": self.allocation,
+            "coverage": self.coverage,
             "description": self.description,
             "reason": self.reason,
             "backtest_commits": self.cases,
@@ -340,6 +371,7 @@ def build_cases(
         change_words = words.get(sha, frozenset())
         truth: dict[str, tuple[int, tuple[int, ...]]] = {}
         before_tokens: dict[str, tuple[frozenset[str], ...]] = {}
+        in_order: dict[str, tuple[str, ...]] = {}
         for path, (old, new) in history.modified[index].items():
             if path not in universe or old not in contents or new not in contents:
                 continue
@@ -357,9 +389,12 @@ def build_cases(
             )
             truth[path] = (len(names), tuple(edited))
             before_tokens[path] = tuple(before[n].tokens for n in names)
+            in_order[path] = tuple(names[i] for i in order)
         if truth:
             sources_here = frozenset(p for p in history.files[index] if not is_test(p))
-            cases.append(Case(index, sha, sources_here, truth, change_words, before_tokens))
+            cases.append(
+                Case(index, sha, sources_here, truth, change_words, before_tokens, in_order)
+            )
     return cases
 
 
@@ -446,22 +481,50 @@ def blend_orders(order: list[int], similarity: Sequence[float]) -> list[int]:
     return sorted(order, key=lambda i: (word_rank[i] + agent_rank[i], word_rank[i]))
 
 
-def shared_calibration(cases: Sequence[Case]) -> Calibration:
+def shared_calibration(
+    cases: Sequence[Case], reached: Sequence[Mapping[str, int]] | None = None
+) -> Calibration:
     """What does not depend on the ranking: edited tests per touched file by its size, and
-    where in a file's word order the edited tests were."""
+    where in a file's word order the edited tests were. With ``reached`` (per case, how
+    many tests of each file lead its order because they executed a changed function): how
+    often such a test was edited."""
     calibration = Calibration()
     fractions: list[float] = []
-    for case in cases:
-        for tests, edited in case.truth.values():
+    hit = total = 0
+    for k, case in enumerate(cases):
+        for path, (tests, edited) in case.truth.items():
             if not tests:
                 continue
             entry = calibration.edited.setdefault(size_bucket(tests), [0.0, 0.0])
             entry[0] += len(edited)
             entry[1] += 1
             fractions += [(p + 0.5) / tests for p in edited]
+            if reached is not None:
+                first = min(tests, reached[k].get(path, 0))
+                total += first
+                hit += sum(1 for p in edited if p < first)
     calibration.add_coverage(fractions)
     calibration.cases = len(cases)
+    if reached is not None:
+        calibration.reached = (hit + 0.5) / (total + 1.0)
     return calibration
+
+
+def with_reach(case: Case, reach: Mapping[str, Mapping[str, Reach]]) -> tuple[Case, dict[str, int]]:
+    """The case with each file's tests that the map says executed the change first (the
+    order the selector uses with a map), and how many lead each of its files."""
+    truth: dict[str, tuple[int, tuple[int, ...]]] = {}
+    for path, (tests, edited) in case.truth.items():
+        names = case.names.get(path, ())
+        found = reach.get(path, {})
+        if not found or len(names) != tests:
+            truth[path] = (tests, edited)
+            continue
+        order = reached_first(range(tests), [found.get(n) for n in names])
+        position = {i: k for k, i in enumerate(order)}
+        truth[path] = (tests, tuple(sorted(position[p] for p in edited)))
+    counts = {path: len(tests) for path, tests in reach.items()}
+    return replace(case, truth=truth), counts
 
 
 def ranked(scores: FileScores, files: Sequence[str]) -> list[str]:
@@ -484,11 +547,13 @@ def allocate_counts(
     calibration: Calibration,
     budget: float,
     file_weight: float = FILE_WEIGHT,
+    reached: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """How many of each file's tests (in its own order) the budget takes: the plan's rule
     (``allocation.py``), answered in counts for the backtest."""
     import numpy as np
 
+    reached = reached or {}
     per_file: list[tuple[str, Any]] = []
     for f, bucket in file_buckets.items():
         n = sizes.get(f, 0)
@@ -496,8 +561,14 @@ def allocate_counts(
             continue
         p = calibration.p_file(bucket)
         per_file.append(
-            (f, file_values(p, calibration.expected_edited(n), n, calibration, file_weight))
-        )
+            (
+                f,
+                file_values(
+                    p, calibration.expected_edited(n), n, calibration, file_weight,
+                    reached.get(f, 0),
+                ),
+            )
+        )  # fmt: skip
     if not per_file:
         return {}
     values = np.concatenate([v for _, v in per_file])
@@ -549,9 +620,11 @@ def _evaluate(
     fraction: float,
     file_weight: float,
     allocation: str = SPREAD,
+    reached: Sequence[Mapping[str, int]] | None = None,
 ) -> tuple[float, float, Calibration]:
     """File and edited-test recall of one ranking over the cases, each case planned with
-    the rank chances measured on the *other* cases (no case grades itself)."""
+    the rank chances measured on the *other* cases (no case grades itself). ``reached``:
+    per case, the tests of each file a coverage map puts first (``with_reach``)."""
     hits: dict[int, float] = defaultdict(float)
     seen: dict[int, float] = defaultdict(float)
     own: list[tuple[dict[int, float], dict[int, float]]] = []
@@ -568,12 +641,13 @@ def _evaluate(
         for b, v in s.items():
             seen[b] += v
     found_files = truth_files = found_tests = truth_tests = 0
-    for case, (order, file_buckets), (h, s) in zip(cases, ranked, own, strict=True):
+    for k, (case, (order, file_buckets), (h, s)) in enumerate(zip(cases, ranked, own, strict=True)):
         loo = Calibration(
             {b: hits[b] - h.get(b, 0.0) for b in hits},
             {b: seen[b] - s.get(b, 0.0) for b in seen},
             shared.edited,
             shared.coverage,
+            reached=shared.reached,
         )
         case_sizes = dict(sizes)
         case_sizes.update({f: n for f, (n, _e) in case.truth.items()})
@@ -581,7 +655,14 @@ def _evaluate(
         if allocation == WHOLE:
             counts = whole_counts(order, case_sizes, fraction * total)
         else:
-            counts = allocate_counts(file_buckets, case_sizes, loo, fraction * total, file_weight)
+            counts = allocate_counts(
+                file_buckets,
+                case_sizes,
+                loo,
+                fraction * total,
+                file_weight,
+                reached[k] if reached is not None else None,
+            )
         for f, (_n, edited) in case.truth.items():
             if f not in file_buckets:
                 continue
@@ -590,7 +671,14 @@ def _evaluate(
             found_files += k > 0
             truth_tests += len(edited)
             found_tests += sum(1 for p in edited if p < k)
-    full = Calibration(dict(hits), dict(seen), shared.edited, shared.coverage, cases=len(cases))
+    full = Calibration(
+        dict(hits),
+        dict(seen),
+        shared.edited,
+        shared.coverage,
+        cases=len(cases),
+        reached=shared.reached,
+    )
     return (
         found_files / truth_files if truth_files else 0.0,
         found_tests / truth_tests if truth_tests else 0.0,
@@ -609,10 +697,15 @@ def choose(
     file_weight: float = FILE_WEIGHT,
     only: str | None = None,
     tokens: Mapping[str, Sequence[frozenset[str]]] | None = None,
+    coverage: CoverageIndex | None = None,
 ) -> RankingChoice:
     """Replay the candidates on the commits up to ``anchor`` and return the winner (or the
     one named by ``only``), with its measured calibration. ``tokens``: each test file's
-    tests' tokens now (the replayed commits' own test files are read as they were)."""
+    tests' tokens now (the replayed commits' own test files are read as they were).
+    With ``coverage``, every candidate is replayed again with the tests the map says each
+    commit's change executed first in their files (and once more with their files moved
+    up); such a variant wins only if it finds no fewer edited files and tests than the
+    winner without the map, and more of both together."""
     tokens = tokens or {}
     started = time.perf_counter()
     files = sorted(sizes)
@@ -653,23 +746,59 @@ def choose(
     figures: list[Figures] = []
     calibrations: dict[str, Calibration] = {}
     replayed: dict[str, list[tuple[list[str], dict[str, int]]]] = {name: [] for name in names}
+    boosted: dict[str, list[tuple[list[str], dict[str, int]]]] = {name: [] for name in names}
+    reach: PastReach = (
+        past_reach(coverage, repo, [c.sha for c in cases], is_test) if coverage else {}
+    )
     descriptions: dict[str, str] = {}
     for case in cases:
         # each case's words, over the tests as they were before it
         before = {**tokens, **case.before}
         made = candidates(backtest_fit, imports, case.words, before)
+        best_reach = {
+            f: max(r.specificity for r in tests.values())
+            for f, tests in reach.get(case.sha, {}).items()
+        }
         for name in names:
             scores = made[name].rank(history, case.index, set(case.sources), files)
             order = ranked(scores, files)
             replayed[name].append((order, buckets(scores, order)))
             descriptions[name] = made[name].description
+            if coverage is not None:
+                moved = boost(scores, best_reach, files)
+                order = ranked(moved, files)
+                boosted[name].append((order, buckets(moved, order)))
     for allocation in (WHOLE, SPREAD):
         for name in names:
             file_recall, test_recall, calibration = _evaluate(
                 replayed[name], cases, sizes, shared, fraction, file_weight, allocation
             )
             figures.append(Figures(name, descriptions[name], file_recall, test_recall, allocation))
-            calibrations[f"{name}/{allocation}"] = calibration
+            calibrations[figures[-1].key] = calibration
+    with_map: list[Figures] = []
+    if coverage is not None:
+        pairs = [with_reach(case, reach.get(case.sha, {})) for case in cases]
+        reached_cases = [case for case, _counts in pairs]
+        counts = [counts for _case, counts in pairs]
+        reached_shared = shared_calibration(reached_cases, counts)
+        for use, replays in ((REACHED_FIRST, replayed), (REACHED_FILES, boosted)):
+            for allocation in (WHOLE, SPREAD):
+                for name in names:
+                    file_recall, test_recall, calibration = _evaluate(
+                        replays[name],
+                        reached_cases,
+                        sizes,
+                        reached_shared,
+                        fraction,
+                        file_weight,
+                        allocation,
+                        counts,
+                    )
+                    fig = Figures(
+                        name, descriptions[name], file_recall, test_recall, allocation, use
+                    )
+                    with_map.append(fig)
+                    calibrations[fig.key] = calibration
     # the plain baseline (history counting, whole files) comes first: ties go to it, and
     # nothing that falls short of it on either figure is taken
     reference = figures[0]
@@ -678,6 +807,14 @@ def choose(
         if (
             fig.file_recall >= reference.file_recall - TOLERANCE
             and fig.test_recall >= reference.test_recall - TOLERANCE
+            and fig.objective > best.objective + TIE
+        ):
+            best = fig
+    without_map = best
+    for fig in with_map:
+        if (
+            fig.file_recall >= without_map.file_recall
+            and fig.test_recall >= without_map.test_recall
             and fig.objective > best.objective + TIE
         ):
             best = fig
@@ -695,10 +832,19 @@ def choose(
             for f in figures
         )
     )
+    if with_map and coverage is not None:
+        top = max(with_map, key=lambda f: f.objective)
+        known = sum(1 for case in cases if reach.get(case.sha))
+        reason += (
+            f"; with the coverage map of {coverage.map.revision[:12]} ({known} of "
+            f"{len(cases)} commit(s) changed a function it knows), at best {top.label} found "
+            f"{top.file_recall:.0%} of edited test files, {top.test_recall:.0%} of edited tests"
+        )
+        figures += with_map
     return RankingChoice(
         best.name,
         best.label,
-        calibrations[f"{best.name}/{best.allocation}"],
+        calibrations[best.key],
         live,
         figures,
         len(cases),
@@ -707,6 +853,7 @@ def choose(
         "; ".join([reason, *notes]),
         time.perf_counter() - started,
         allocation=best.allocation,
+        coverage=best.coverage,
     )
 
 

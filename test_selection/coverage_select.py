@@ -9,10 +9,11 @@ ranks those changes as it would without a map.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from test_selection.change_analysis import ChangeAnalysis
+from test_selection.change_analysis import ChangeAnalysis, analyze
 from test_selection.coverage_map import (
     CoverageIndex,
     CoverageMap,
@@ -36,8 +37,12 @@ class CoverageUse:
     changed: list[str] = field(default_factory=list)  # changed functions, "file:qualname"
     known: list[str] = field(default_factory=list)  # of those, the ones the map has seen
     reach: dict[TestId, Reach] = field(default_factory=dict)
+    # how the plan used it: "hand" (evidence beside the hand weights), "unused" (the
+    # backtest found no gain), or the backtest's REACHED_FIRST / REACHED_FILES
+    used: str = ""
 
-    def evidence(self, test: TestId) -> Evidence | None:
+    def evidence(self, test: TestId, weight: float = 1.0) -> Evidence | None:
+        """Why ``test`` is here, worth ``weight`` times its measured specificity."""
         reach = self.reach.get(test)
         if reach is None:
             return None
@@ -46,7 +51,7 @@ class CoverageUse:
         return Evidence(
             "candidates",
             "coverage",
-            COVERAGE_WEIGHT * reach.specificity,
+            weight * COVERAGE_WEIGHT * reach.specificity,
             f"executed changed {file}:{name} ({calls}; runs {reach.executed} recorded "
             f"functions) in the coverage map of {self.revision[:12]}",
         )
@@ -63,9 +68,29 @@ class CoverageUse:
             f"{len(self.reach)} test(s) executed one"
         )
 
+    def usage(self) -> str:
+        """How the ranking used the map, for the plan's notes."""
+        if self.used == "hand":
+            return "coverage map: tests that executed a changed function gain evidence"
+        if self.used == "unused":
+            return (
+                "coverage map not used to rank: replayed on the repository's recent commits, "
+                "it found no more edited tests than the ranking without it"
+            )
+        if self.used == "reached-files":
+            return (
+                "coverage map used (the backtest measured a gain): files whose tests executed a "
+                "changed function move up, those tests run first in their file"
+            )
+        return (
+            "coverage map used (the backtest measured a gain): tests that executed a changed "
+            "function run first in their file"
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "revision": self.revision,
+            "used": self.used,
             "recorded_at": self.recorded_at,
             "commits_behind": self.commits_behind,
             "changed_functions": len(self.changed),
@@ -137,3 +162,40 @@ def use_map(
         if test in by_id:
             use.reach[by_id[test]] = reach
     return use
+
+
+def reached_first(order: Sequence[int], reaches: Sequence[Reach | None]) -> list[int]:
+    """A file's order with the tests that executed a changed function first, the most
+    specific first; the rest keep their order."""
+    reached = [i for i in order if reaches[i] is not None]
+    reached.sort(key=lambda i: -reaches[i].specificity)  # type: ignore[union-attr]
+    return reached + [i for i in order if reaches[i] is None]
+
+
+# per past commit: test file -> its test (``Class::name``) -> how it reached the change
+PastReach = dict[str, dict[str, dict[str, Reach]]]
+
+
+def past_reach(
+    index: CoverageIndex, repo: Repo, shas: Iterable[str], is_test: Callable[[str], bool]
+) -> PastReach:
+    """What the map says each past commit's source change reached (the backtest replays
+    coverage on them). A commit whose diff cannot be read reaches nothing."""
+    out: PastReach = {}
+    for sha in shas:
+        try:
+            change = analyze(repo, f"{sha}^", sha)
+        except GitError:
+            out[sha] = {}
+            continue
+        change.symbols = {s for s in change.symbols if not is_test(s.partition(":")[0])}
+        targets = [
+            f for names in changed_functions(change).values() for file, name in names
+            for f in index.resolve(file, name)
+        ]  # fmt: skip
+        by_file: dict[str, dict[str, Reach]] = {}
+        for test, reach in index.reaches(targets).items():
+            file, _, name = test.partition("::")
+            by_file.setdefault(file, {})[name.split("[", 1)[0]] = reach
+        out[sha] = by_file
+    return out

@@ -213,3 +213,55 @@ class Blend:
                     for part, pos, r in zip(self.parts, positions, ranked, strict=True)
                 )
         return FileScores(scores, reasons)
+
+
+class CoverageBoost:
+    """A ranking with the files a coverage map reaches moved up: each file is placed by the
+    mean log of its rank under the ranking and under the map (files by their most specific
+    test that executed a changed function; files the map does not reach share the last
+    place, so among themselves they keep the ranking's order)."""
+
+    def __init__(self, base: FileRanker, reach: Mapping[str, float]) -> None:
+        self.base = base
+        self.reach = reach  # test file -> its best specificity
+        self.name = base.name
+        self.description = f"{base.description}, files the coverage map reaches first"
+
+    def rank(
+        self,
+        history: History,
+        at: int,
+        sources: set[str],
+        test_files: Sequence[str],
+        explain: bool = False,
+    ) -> FileScores:
+        return boost(
+            self.base.rank(history, at, sources, test_files, explain), self.reach, test_files
+        )
+
+
+def boost(
+    ranked: FileScores,
+    reach: Mapping[str, float],
+    test_files: Sequence[str],
+    explain: bool = False,
+) -> FileScores:
+    """``ranked`` with the files of ``reach`` moved up (see ``CoverageBoost``)."""
+    if not reach:
+        return ranked
+    base = rank_positions(ranked.scores, test_files)
+    by_map = sorted((f for f in test_files if f in reach), key=lambda f: (-reach[f], f))
+    place = {f: k for k, f in enumerate(by_map)}
+    last = len(by_map)
+    scores = {
+        f: math.exp(-0.5 * (math.log1p(base[f]) + math.log1p(place.get(f, last))))
+        for f in test_files
+    }
+    reasons = dict(ranked.reasons)
+    if explain:
+        for f in by_map:
+            said = reasons.get(f)
+            reasons[f] = (said + "; " if said else "") + (
+                f"#{place[f] + 1} of {last} file(s) whose tests executed a changed function"
+            )
+    return FileScores(scores, reasons)

@@ -33,7 +33,7 @@ from test_selection.backtest import (
 from test_selection.candidates import Context, Heuristic, collect_evidence, default_heuristics
 from test_selection.change_analysis import ChangeAnalysis, analyze
 from test_selection.coverage_map import CoverageIndex, Reach
-from test_selection.coverage_select import CoverageUse, use_map
+from test_selection.coverage_select import CoverageUse, reached_first, use_map
 from test_selection.git import Repo
 from test_selection.history import HISTORY_COMMITS, History
 from test_selection.inventory import (
@@ -175,6 +175,11 @@ def _choose_ranking(
             config.label or "",
             *sorted(str(s) for s in specs or ()),
             config.ranking,
+            *(
+                [f"coverage:{m.repository}@{m.revision}:{m.backend}:{m.recorded_at}"]
+                if (m := config.coverage.map if config.coverage else None)
+                else []
+            ),
         ]
     )
     cache = ChoiceCache(config.cache_dir, key)
@@ -200,6 +205,7 @@ def _choose_ranking(
             config.file_weight,
             None if config.ranking == "auto" else config.ranking,
             tokens,
+            config.coverage,
         )
         cache.store(choice, config.file_weight)
     agent = config.agent
@@ -244,7 +250,11 @@ def _ranked_evidence(
         f.old_path for f in change.source_files if f.old_path
     }
     words = change_words(change)
-    scores = choice.ranker(imports, words, tokens).rank(
+    reach = reach if choice.coverage else None
+    best_reach: dict[str, float] = {}
+    for test, found in (reach or {}).items():
+        best_reach[test.file] = max(best_reach.get(test.file, 0.0), found.specificity)
+    scores = choice.ranker(imports, words, tokens, best_reach).rank(
         history, len(history.files), sources, files, True
     )
     order = ranked(scores, files)
@@ -259,16 +269,20 @@ def _ranked_evidence(
         tests = by_file[path]
         n = len(tests)
         p = calibration.p_file(file_buckets[path])
+        reaches = [reach.get(fn.id) for fn in tests] if reach else []
+        first = sum(1 for r in reaches if r is not None)
         if choice.allocation == WHOLE:
             values = whole_file_values(p, rank, n)
         else:
-            values = file_values(p, calibration.expected_edited(n), n, calibration, file_weight)
+            values = file_values(
+                p, calibration.expected_edited(n), n, calibration, file_weight, first
+            )
         within, word_scores = idf_order([(fn.tokens, fn.lines) for fn in tests], words)
         if similarity is not None and rank < AGENT_FILES and 1 < n <= agent_texts:
             within = blend_orders(within, similarity(hunks, [fn.source for fn in tests]))
             agent_texts -= n
-        if reach:
-            within = coverage_first(within, [reach.get(fn.id) for fn in tests])
+        if first:
+            within = reached_first(within, reaches)
         why = scores.reasons.get(path)
         head = (
             f"{path} is #{rank + 1} of {len(files)} by {choice.description}"
@@ -283,14 +297,6 @@ def _ranked_evidence(
             )
             out[fn.id] = Evidence("candidates", "ranking", float(values[position]), head + detail)
     return out
-
-
-def coverage_first(order: list[int], reaches: list[Reach | None]) -> list[int]:
-    """A file's order with the tests that executed a changed function first, the most
-    specific first; the rest keep their order."""
-    reached = [i for i in order if reaches[i] is not None]
-    reached.sort(key=lambda i: -reaches[i].specificity)  # type: ignore[union-attr]
-    return reached + [i for i in order if reaches[i] is None]
 
 
 def select(
@@ -428,11 +434,17 @@ def select(
     evidence = collect_evidence(change, inventory, ctx, heuristics)
     for test, value in values.items():
         evidence.setdefault(test, []).append(value)
-    if coverage is not None:
+    if coverage is not None and (choice is None or choice.coverage):
+        # ranked by the hand weights, the map's evidence counts; under a backtest choice
+        # that uses the map, the values above already carry it and this says why
+        weight = 1.0 if choice is None else 0.0
         for test in coverage.reach:
-            said = coverage.evidence(test)
+            said = coverage.evidence(test, weight)
             if said is not None:
                 evidence.setdefault(test, []).append(said)
+    if coverage is not None:
+        coverage.used = "hand" if choice is None else (choice.coverage or "unused")
+        notes.append(coverage.usage())
     scored = {
         t: Scored(t, list(evidence.get(t, []))) for t in sorted(universe, key=lambda t: t.sort_key)
     }

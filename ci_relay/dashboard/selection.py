@@ -127,7 +127,17 @@ def _coverage(value: Any) -> CoverageView | None:
         changed=int(value.get("changed_functions") or 0),
         known=len(known) if isinstance(known, list) else 0,
         tests_reached=int(value.get("tests_reached") or 0),
+        used=USES.get(str(value.get("used") or ""), ""),
     )
+
+
+# how a plan ranked with its map (``CoverageUse.used``), as the run page says it
+USES = {
+    "hand": "as evidence beside the hand weights",
+    "unused": "not used to rank: the backtest found no gain",
+    "reached-first": "its tests first in their files (the backtest found a gain)",
+    "reached-files": "its files and tests first (the backtest found a gain)",
+}
 
 
 def _ranking(value: Any) -> RankingView | None:
@@ -141,7 +151,9 @@ def _ranking(value: Any) -> RankingView | None:
             description=str(c.get("description", "")),
             file_recall=_number(c.get("file_recall")),
             test_recall=_number(c.get("edited_test_recall")),
-            chosen=str(c.get("ranking", "")) == chosen,
+            chosen=str(c.get("ranking", "")) == chosen
+            and c.get("allocation") == value.get("allocation")
+            and (c.get("coverage") or "") == (value.get("coverage") or ""),
         )
         for c in value.get("candidates", []) or []
         if isinstance(c, Mapping)

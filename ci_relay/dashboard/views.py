@@ -432,6 +432,7 @@ class CoverageView:
     changed: int
     known: int
     tests_reached: int
+    used: str = ""  # how the ranking used it
 
 
 @dataclass(frozen=True)
