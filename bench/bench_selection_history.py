@@ -29,6 +29,13 @@ folder (the yardstick adds objects and refs to it):
 
 (``$MIRROR_rl``: the bare git folder fetch printed for pytorch/rl; ``$SCRATCH``: any folder
 outside this repository.)
+
+``--coverage`` also replays every commit with a per-test coverage map (issue 34), recorded
+with ``ci-relay coverage record`` at the parent of the oldest replayed commit (nothing the
+replay asks about is in it), and prints the table with and without it. The history's tests
+must run here: name the Python of an environment that has its test dependencies with
+``--coverage-python NAME=PATH`` and extra pytest arguments with ``--coverage-args
+NAME=ARGS`` (NAME: the clone's folder name). Maps are kept in ``--coverage-cache``.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -50,6 +58,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from test_selection.coverage_map import CoverageMap, CoverageMapError  # noqa: E402
 from test_selection.selector import SelectorConfig, select  # noqa: E402
 from test_selection.types import Budget  # noqa: E402
 
@@ -58,6 +67,9 @@ FILE_WEIGHTS = (0.1, 0.3)
 GOAL_FILE_MARGIN = 0.05  # test-file recall >= combo + this, at both budgets
 GOAL_TEST_MARGIN = 0.10  # edited-test recall >= combo + this at 15 % ...
 GOAL_TEST_FLOOR = 0.90  # ... and at least this
+# issue 34's goals with a coverage map: edited-test recall at least this per budget
+MAP_GOALS = {0.15: 0.90, 0.05: 0.75}
+MAP = "+cov"  # the suffix of a setting that selects with the coverage map
 
 
 def load_yardstick(path: Path) -> ModuleType:
@@ -82,13 +94,74 @@ def _eligible(ys: ModuleType, repo: str, commits: int) -> tuple[list, dict, list
     return history, diffs, found[:commits]
 
 
-def replay(
-    repo: str, commits: int, yardstick: str, weights: tuple[float, ...], agent_name: str
+def record_map(
+    repo: str,
+    commits: int,
+    yardstick: str,
+    cache: Path,
+    python: str | None,
+    pytest_args: list[str],
+    timeout: float,
 ) -> dict[str, Any]:
-    """Every commit of one history under combo and each setting, at every budget."""
+    """The coverage map of ``repo`` at the parent of the oldest commit the replay takes,
+    recorded with ``ci-relay coverage record`` (kept in ``cache``); what it holds, or why
+    there is none."""
+    ys = load_yardstick(Path(yardstick))
+    _history, _diffs, eligible = _eligible(ys, repo, commits)
+    if not eligible:
+        return {"error": "no eligible commit"}
+    revision = eligible[-1][1]
+    name = Path(repo).name
+    target = cache / f"{name}-{revision[:12]}.json.gz"
+    info: dict[str, Any] = {"path": str(target), "revision": revision}
+    if not target.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable, "-m", "ci_relay", "coverage", "record", "--upstream", repo,
+            "--rev", revision, "-o", str(target), "--timeout", str(timeout),
+            *(["--python", python] if python else []), "--", *pytest_args,
+        ]  # fmt: skip
+        print(f"  {name}: recording a coverage map at {revision[:12]}", file=sys.stderr)
+        began = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        info["record_seconds"] = round(time.perf_counter() - began, 1)
+        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+        if done.returncode != 0 or not target.is_file():
+            info["error"] = f"coverage record exit {done.returncode}: {' / '.join(tail)}"
+            return info
+    try:
+        cmap = CoverageMap.load(target)
+    except CoverageMapError as exc:
+        info["error"] = str(exc)
+        return info
+    date = subprocess.run(
+        ["git", "-C", repo, "show", "-s", "--format=%cs", revision],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip()  # fmt: skip
+    info.update(
+        tests=len(cmap.tests),
+        functions=len(cmap.functions()),
+        megabytes=round(target.stat().st_size / 1e6, 2),
+        date=date,
+        seconds=round(cmap.seconds, 1),
+    )
+    return info
+
+
+def replay(
+    repo: str,
+    commits: int,
+    yardstick: str,
+    weights: tuple[float, ...],
+    agent_name: str,
+    map_path: str | None = None,
+) -> dict[str, Any]:
+    """Every commit of one history under combo and each setting, at every budget (with
+    ``map_path``: each setting again with that coverage map)."""
     from test_selection.agents import agent_by_name
 
     ys = load_yardstick(Path(yardstick))
+    coverage = CoverageMap.load(Path(map_path)).index() if map_path else None
     history, diffs, eligible = _eligible(ys, repo, commits)
     index = {c: i for i, (c, _p) in enumerate(history)}
     universe_cache: dict = {}
@@ -133,29 +206,34 @@ def replay(
                 "seconds": 0.0,
             }
             for weight in weights:
-                config = SelectorConfig(
-                    budget=Budget("fraction", budget),
-                    cache_dir=cache,
-                    file_weight=weight,
-                    agent=agent,
-                )
-                began = time.perf_counter()
-                plan, _change = select(Path(repo), p, head, None, config)
-                seconds = time.perf_counter() - began
-                files = {item.test.file for item in plan.selected}
-                chosen = {item.test.nodeid.split("[", 1)[0] for item in plan.selected}
-                row["results"][f"w{weight}@{budget}"] = {
-                    "files": sorted(files & truth),
-                    "tests": sorted(t for t in truth_tests if t in chosen),
-                    "share": plan.shares()["tests"],
-                    "seconds": seconds,
-                    "ranking": plan.ranking.get("chosen", "hand"),
-                    "agent": plan.agent,
-                    "rank_of_truth": _ranks(plan, truth),
-                }
+                for index in (None, coverage) if coverage is not None else (None,):
+                    config = SelectorConfig(
+                        budget=Budget("fraction", budget),
+                        cache_dir=cache,
+                        file_weight=weight,
+                        agent=agent,
+                        coverage=index,
+                    )
+                    began = time.perf_counter()
+                    plan, _change = select(Path(repo), p, head, None, config)
+                    seconds = time.perf_counter() - began
+                    files = {item.test.file for item in plan.selected}
+                    chosen = {item.test.nodeid.split("[", 1)[0] for item in plan.selected}
+                    key = f"w{weight}{MAP if index is not None else ''}@{budget}"
+                    row["results"][key] = {
+                        "files": sorted(files & truth),
+                        "tests": sorted(t for t in truth_tests if t in chosen),
+                        "share": plan.shares()["tests"],
+                        "seconds": seconds,
+                        "ranking": plan.ranking.get("chosen", "hand"),
+                        "coverage": plan.ranking.get("coverage", ""),
+                        "known": len(plan.coverage.get("known_functions", [])),
+                        "agent": plan.agent,
+                        "rank_of_truth": _ranks(plan, truth),
+                    }
         rows.append(row)
         print(f"  {Path(repo).name}: {number + 1}/{len(eligible)}", file=sys.stderr, flush=True)
-    return {"repo": repo, "rows": rows}
+    return {"repo": repo, "rows": rows, "map": {"path": map_path} if map_path else None}
 
 
 def _ranks(plan: Any, truth: set[str]) -> dict[str, int]:
@@ -213,6 +291,56 @@ def misses(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
     return dict(out)
 
 
+def print_map_table(
+    names: list[str],
+    results: list[dict[str, Any]],
+    chosen: Any,
+    has: Any,
+) -> None:
+    """Issue 34's table: each history's LOO setting without and with its coverage map."""
+    print(
+        "\nWith and without the coverage map (LOO settings; issue 34's goals: edited-test "
+        "recall >= 0.90 at 15 %, >= 0.75 at 5 %; file recall not below without the map; "
+        "neither below combo)"
+    )
+    print(
+        "| history | map (revision, date, tests, functions) | 15 %: file without -> with "
+        "(combo) | edited without -> with (combo) | 5 %: file without -> with (combo) | "
+        "edited without -> with (combo) | changes the map knew / used it | goals |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for k, (name, result) in enumerate(zip(names, results, strict=True)):
+        info = result.get("map") or {}
+        if not has(result, MAP):
+            print(f"| {name} | none: {info.get('error', 'not asked for')} | | | | | | |")
+            continue
+        plain, cov = f"w{chosen(k, '')}", f"w{chosen(k, MAP)}{MAP}"
+        rows = result["rows"]
+        cells, goals = [], []
+        for budget in BUDGETS:
+            a, b = figures(rows, f"{plain}@{budget}"), figures(rows, f"{cov}@{budget}")
+            base = figures(rows, f"combo@{budget}")
+            for figure in ("file", "test"):
+                cells.append(f"{a[figure]:.3f} -> {b[figure]:.3f} ({base[figure]:.3f})")
+                if b[figure] < base[figure]:
+                    goals.append(f"{figure} {budget:.0%} below combo")
+            if b["file"] < a["file"]:
+                goals.append(f"file {budget:.0%} {b['file'] - a['file']:+.3f} with the map")
+            if b["test"] < MAP_GOALS[budget]:
+                goals.append(f"edited {budget:.0%} {b['test']:.3f} < {MAP_GOALS[budget]}")
+        key = f"{cov}@0.15"
+        knew = sum(1 for r in rows if r["results"][key].get("known"))
+        used = sum(1 for r in rows if r["results"][key].get("coverage"))
+        described = (
+            f"{str(info.get('revision', '?'))[:10]}, {info.get('date', '?')}, "
+            f"{info.get('tests', '?')}, {info.get('functions', '?')}"
+        )
+        print(
+            f"| {name} | {described} | {' | '.join(cells)} | {knew} / {used} of {len(rows)} | "
+            f"{'met' if not goals else '; '.join(goals)} |"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("repos", nargs="*", help="clones of the histories (the yardstick writes refs)")
@@ -231,6 +359,31 @@ def main() -> int:
         default=0,
         help="also run the yardstick itself (ci-relay select per commit) on the newest N",
     )
+    ap.add_argument(
+        "--coverage",
+        action="store_true",
+        help="also replay with a coverage map recorded before the oldest replayed commit",
+    )
+    ap.add_argument(
+        "--coverage-python",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="the Python that runs history NAME's tests (repeatable)",
+    )
+    ap.add_argument(
+        "--coverage-args",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help="pytest arguments for history NAME's tests (repeatable)",
+    )
+    ap.add_argument(
+        "--coverage-cache",
+        default=str(Path.home() / ".cache" / "ci-relay" / "bench-coverage"),
+        help="where recorded maps are kept (a map is recorded once per history and revision)",
+    )
+    ap.add_argument("--coverage-timeout", type=float, default=3600)
     ap.add_argument("--save", help="write every per-commit result as JSON here")
     ap.add_argument(
         "--load",
@@ -245,7 +398,9 @@ def main() -> int:
     if args.load:
         results = [r for path in args.load for r in json.loads(Path(path).read_text())]
         keys = set.intersection(*(set(r["rows"][0]["results"]) for r in results if r["rows"]))
-        weights = tuple(sorted({float(k[1:].split("@")[0]) for k in keys if k.startswith("w")}))
+        weights = tuple(
+            sorted({float(k[1:].split("@")[0].removesuffix(MAP)) for k in keys if k[0] == "w"})
+        )
     else:
         if not args.repos:
             ap.error("name at least one history to replay (or --load saved runs)")
@@ -255,6 +410,23 @@ def main() -> int:
                 file=sys.stderr,
             )
             return 2
+        pythons = dict(item.split("=", 1) for item in args.coverage_python)
+        extra = {k: shlex.split(v) for k, v in (i.split("=", 1) for i in args.coverage_args)}
+        maps: dict[str, dict[str, Any]] = {}
+        for r in args.repos if args.coverage else []:
+            repo = str(Path(r).resolve())
+            name = Path(repo).name
+            maps[repo] = record_map(
+                repo,
+                args.commits,
+                args.yardstick,
+                Path(args.coverage_cache),
+                pythons.get(name),
+                extra.get(name, []),
+                args.coverage_timeout,
+            )
+            if "error" in maps[repo]:
+                print(f"  {name}: no coverage map: {maps[repo]['error']}", file=sys.stderr)
         with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             futures = [
                 pool.submit(
@@ -264,18 +436,30 @@ def main() -> int:
                     args.yardstick,
                     weights,
                     args.agent,
+                    None
+                    if "error" in maps.get(str(Path(r).resolve()), {"error": ""})
+                    else maps[str(Path(r).resolve())]["path"],
                 )
                 for r in args.repos
             ]
             results = [f.result() for f in futures]
+        for result in results:
+            if result["repo"] in maps:
+                result["map"] = maps[result["repo"]]
         if args.save:
             Path(args.save).write_text(json.dumps(results))
     names = [Path(r["repo"]).name for r in results]
+    mapped = any(
+        k.endswith(f"{MAP}@0.15") for r in results if r["rows"] for k in r["rows"][0]["results"]
+    )
+    families = ["", MAP] if mapped else [""]
     print("\nPer history and setting (file recall / edited-test recall at 15 % and 5 %):")
     for name, result in zip(names, results, strict=True):
         rows = result["rows"]
         line = [f"{name} ({len(rows)} changes)"]
-        for setting in ["combo", *[f"w{w}" for w in weights]]:
+        for setting in ["combo", *[f"w{w}{f}" for f in families for w in weights]]:
+            if rows and f"{setting}@0.15" not in rows[0]["results"]:
+                continue
             parts = []
             for budget in BUDGETS:
                 fig = figures(rows, f"{setting}@{budget}")
@@ -283,69 +467,87 @@ def main() -> int:
             line.append(f"{setting} {' '.join(parts)}")
         print("  " + " | ".join(line))
 
-    def score(others: list[dict[str, Any]], weight: float) -> tuple[bool, float]:
+    def has(result: dict[str, Any], family: str) -> bool:
+        return (
+            bool(result["rows"]) and f"w{weights[0]}{family}@0.15" in result["rows"][0]["results"]
+        )
+
+    def score(others: list[dict[str, Any]], weight: float, family: str) -> tuple[bool, float]:
         """How a setting did on the other histories: first whether it met the file-recall goal
         on every one of them at both budgets, then its edited-test recall summed (the figure
         that says whether the right tests inside a file were chosen)."""
         met, tests = True, 0.0
         for result in others:
             for b in BUDGETS:
-                ours = figures(result["rows"], f"w{weight}@{b}")
+                ours = figures(result["rows"], f"w{weight}{family}@{b}")
                 base = figures(result["rows"], f"combo@{b}")
                 met = met and ours["file"] >= base["file"] + GOAL_FILE_MARGIN
                 tests += ours["test"]
         return met, tests
 
-    def chosen(k: int) -> float:
-        others = [r for j, r in enumerate(results) if j != k] or [results[k]]
-        return max(weights, key=lambda w: score(others, w))
+    def chosen(k: int, family: str = "") -> float:
+        others = [r for j, r in enumerate(results) if j != k and has(r, family)] or [results[k]]
+        return max(weights, key=lambda w: score(others, w, family))
 
-    print(
-        "\nLeave one repository out (each row: the setting that, on the other histories, met "
-        "the file-recall goal everywhere and found the most edited tests)"
-    )
-    print(
-        "| history | setting | 15 %: file recall (combo) | edited-test recall (combo) | "
-        "5 %: file recall (combo) | edited-test recall (combo) | share 15 % | "
-        "s/change cold / warm | goals |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for k, (name, result) in enumerate(zip(names, results, strict=True)):
-        best = chosen(k)
-        setting = f"w{best}"
-        rows = result["rows"]
-        cells, goals = [], []
-        for budget in BUDGETS:
-            ours, base = figures(rows, f"{setting}@{budget}"), figures(rows, f"combo@{budget}")
-            cells += [
-                f"{ours['file']:.3f} ({base['file']:.3f})",
-                f"{ours['test']:.3f} ({base['test']:.3f})",
-            ]
-            if ours["file"] < base["file"] + GOAL_FILE_MARGIN:
-                goals.append(f"file {budget:.0%} {ours['file'] - base['file']:+.3f}")
-            if ours["test"] < base["test"]:
-                goals.append(f"edited {budget:.0%} below combo")
-            if budget == 0.15:
-                if ours["test"] < base["test"] + GOAL_TEST_MARGIN:
-                    goals.append(f"edited 15% {ours['test'] - base['test']:+.3f}")
-                if ours["test"] < GOAL_TEST_FLOOR:
-                    goals.append(f"edited 15% {ours['test']:.3f} < {GOAL_TEST_FLOOR}")
-        main_fig = figures(rows, f"{setting}@0.15")
+    for family in families:
         print(
-            f"| {name} | file weight {best} | {' | '.join(cells)} | {main_fig['share']:.3f} | "
-            f"{main_fig['cold']:.1f} / {main_fig['warm']:.2f} | "
-            f"{'met' if not goals else '; '.join(goals)} |"
+            "\nLeave one repository out"
+            + (" with the coverage map" if family else "")
+            + " (each row: the setting that, on the other histories, met "
+            "the file-recall goal everywhere and found the most edited tests)"
         )
+        print(
+            "| history | setting | 15 %: file recall (combo) | edited-test recall (combo) | "
+            "5 %: file recall (combo) | edited-test recall (combo) | share 15 % | "
+            "s/change cold / warm | goals |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for k, (name, result) in enumerate(zip(names, results, strict=True)):
+            if not has(result, family):
+                continue
+            best = chosen(k, family)
+            setting = f"w{best}{family}"
+            rows = result["rows"]
+            cells, goals = [], []
+            for budget in BUDGETS:
+                ours, base = figures(rows, f"{setting}@{budget}"), figures(rows, f"combo@{budget}")
+                cells += [
+                    f"{ours['file']:.3f} ({base['file']:.3f})",
+                    f"{ours['test']:.3f} ({base['test']:.3f})",
+                ]
+                if ours["file"] < base["file"] + GOAL_FILE_MARGIN:
+                    goals.append(f"file {budget:.0%} {ours['file'] - base['file']:+.3f}")
+                if ours["test"] < base["test"]:
+                    goals.append(f"edited {budget:.0%} below combo")
+                if budget == 0.15:
+                    if ours["test"] < base["test"] + GOAL_TEST_MARGIN:
+                        goals.append(f"edited 15% {ours['test'] - base['test']:+.3f}")
+                    if ours["test"] < GOAL_TEST_FLOOR:
+                        goals.append(f"edited 15% {ours['test']:.3f} < {GOAL_TEST_FLOOR}")
+            main_fig = figures(rows, f"{setting}@0.15")
+            print(
+                f"| {name} | file weight {best} | {' | '.join(cells)} | {main_fig['share']:.3f} | "
+                f"{main_fig['cold']:.1f} / {main_fig['warm']:.2f} | "
+                f"{'met' if not goals else '; '.join(goals)} |"
+            )
+    if mapped:
+        print_map_table(names, results, chosen, has)
     print("\nMisses at 15 % by cause (the LOO setting):")
     for k, (name, result) in enumerate(zip(names, results, strict=True)):
-        best = chosen(k)
-        rankings: dict[str, int] = defaultdict(int)
-        for r in result["rows"]:
-            rankings[r["results"][f"w{best}@0.15"].get("ranking", "?")] += 1
-        causes = misses(result["rows"], f"w{best}@0.15")
-        tests = missed_tests(result["rows"], f"w{best}@0.15")
-        print(f"  {name}: edited test files {causes}; edited tests {tests}")
-        print(f"  {' ' * len(name)}  rankings chosen: {dict(rankings)}")
+        for family in families:
+            if not has(result, family):
+                continue
+            best = chosen(k, family)
+            key = f"w{best}{family}@0.15"
+            rankings: dict[str, int] = defaultdict(int)
+            for r in result["rows"]:
+                used = r["results"][key].get("coverage")
+                rankings[r["results"][key].get("ranking", "?") + (f" {used}" if used else "")] += 1
+            causes = misses(result["rows"], key)
+            tests = missed_tests(result["rows"], key)
+            label = f"{name}{' with the map' if family else ''}"
+            print(f"  {label}: edited test files {causes}; edited tests {tests}")
+            print(f"  {' ' * len(label)}  rankings chosen: {dict(rankings)}")
     if args.verify:
         print(
             f"\nThe yardstick itself on the newest {args.verify} (one ci-relay select per commit):"

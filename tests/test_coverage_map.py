@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -240,3 +241,34 @@ def test_a_map_round_trips_merges_and_keeps_the_shortest_distance(tmp_path: Path
     assert index.resolve("p.py", "K") == [("p.py", "K.m")]
     assert index.resolve("p.py", "Other.m") == [("p.py", "K.m")]
     assert index.resolve("p.py", "nothing") == []
+
+
+def test_record_runs_the_tests_with_the_python_named(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    repo, base = _upstream(tmp_path)
+    other = tmp_path / "bin" / "python3"  # another path to a Python: the plugin folder is used
+    other.parent.mkdir()
+    other.symlink_to(sys.executable)
+    out = tmp_path / "map.json.gz"
+    done = cli("coverage", "record", "--upstream", repo.path, "--rev", base, "-o", out,
+               "--python", other)  # fmt: skip
+    assert done.code == 0, done.output
+    assert len(CoverageMap.load(out).tests) == N + 1
+    for python, message in (
+        (tmp_path / "missing-python", "cannot run it"),
+        (_script(tmp_path / "no-pytest", "import sys; sys.exit(1)"), "cannot import pytest"),
+    ):
+        refused = cli("coverage", "record", "--upstream", repo.path, "--rev", base, "-o",
+                      tmp_path / "x.json.gz", "--python", python)  # fmt: skip
+        assert refused.code == 2 and f"--python {python}: {message}" in refused.output, (
+            refused.output
+        )
+        assert not (tmp_path / "x.json.gz").exists()
+
+
+def _script(path: Path, body: str) -> Path:
+    """An executable that ignores its arguments and runs ``body`` with this Python."""
+    path.write_text(f"#!{sys.executable}\n{body}\n")
+    path.chmod(0o755)
+    return path

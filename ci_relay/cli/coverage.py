@@ -59,6 +59,13 @@ def record(
     timeout: Annotated[
         float, typer.Option(min=1, help="Seconds before the pytest run is stopped.")
     ] = 3600,
+    python: Annotated[
+        Path | None,
+        typer.Option(
+            help="The Python that runs the tests (the repository's own environment, with "
+            "pytest and its test dependencies); default: this one."
+        ),
+    ] = None,
 ) -> None:
     """Record which functions each test executes (arguments after -- go to pytest)."""
     from test_selection.coverage_map import CoverageMap, CoverageMapError
@@ -69,6 +76,7 @@ def record(
     except GitError as exc:
         raise _fail(str(exc)) from None
     target = (output or Path(f"coverage-{sha[:12]}.json.gz")).resolve()
+    interpreter = _interpreter(python)
     name = repository or repository_name(upstream)
     with tempfile.TemporaryDirectory(prefix="ci-relay-coverage-") as scratch:
         tree = Path(scratch) / "tree"
@@ -77,7 +85,9 @@ def record(
         except GitError as exc:
             raise _fail(str(exc)) from None
         try:
-            code, seconds = _run_pytest(tree, target, name, sha, backend, ctx.args, timeout)
+            code, seconds = _run_pytest(
+                tree, target, name, sha, backend, ctx.args, timeout, interpreter
+            )
         finally:
             subprocess.run(
                 ["git", "-C", str(upstream), "worktree", "remove", "--force", str(tree)],
@@ -100,6 +110,27 @@ def record(
         err.print(f"warning: pytest exit code {code}: the map holds only what ran")
 
 
+def _interpreter(python: Path | None) -> str:
+    """The Python to run the tests with: this one, or one named that can run pytest."""
+    if python is None:
+        return sys.executable
+    try:
+        proc = subprocess.run(
+            [str(python), "-c", "import sys, pytest; print(sys.version_info >= (3, 11))"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise _fail(f"--python {python}: cannot run it ({exc})") from None
+    if proc.returncode != 0:
+        raise _fail(f"--python {python}: cannot import pytest ({proc.stderr.strip()[-300:]})")
+    if proc.stdout.strip() != "True":
+        raise _fail(f"--python {python}: the recorder needs Python 3.11 or newer")
+    return str(python)
+
+
 def _run_pytest(
     tree: Path,
     target: Path,
@@ -108,15 +139,25 @@ def _run_pytest(
     backend: str | None,
     args: list[str],
     timeout: float,
+    python: str = sys.executable,
 ) -> tuple[int, float]:
     """Plain pytest in the worktree with the recorder; the package importable from the tree
-    (flat or src/ layout) ahead of any installed copy."""
+    (flat or src/ layout) ahead of any installed copy. Another Python gets the recorder from
+    a folder holding only ``test_selection`` (nothing else of this project shadows the
+    repository's own modules)."""
     paths = [str(tree), *([str(tree / "src")] if (tree / "src").is_dir() else [])]
+    if python != sys.executable:
+        plugin = tree.parent / "plugin"
+        plugin.mkdir(exist_ok=True)
+        import test_selection
+
+        (plugin / "test_selection").symlink_to(Path(test_selection.__file__).resolve().parent)
+        paths.append(str(plugin))
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *inherited])}
     env.pop("PYTEST_ADDOPTS", None)
     command = [
-        sys.executable, "-m", "pytest", "-p", "test_selection.coverage_recorder",
+        python, "-m", "pytest", "-p", "test_selection.coverage_recorder",
         "--record-coverage", str(target), "--coverage-root", str(tree),
         "--coverage-repository", name, "--coverage-revision", sha,
         "-p", "no:cacheprovider", "-q", *(["--coverage-backend", backend] if backend else []),
