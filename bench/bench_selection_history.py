@@ -206,20 +206,20 @@ def replay(
                 "seconds": 0.0,
             }
             for weight in weights:
-                for index in (None, coverage) if coverage is not None else (None,):
+                for cov in (None, coverage) if coverage is not None else (None,):
                     config = SelectorConfig(
                         budget=Budget("fraction", budget),
                         cache_dir=cache,
                         file_weight=weight,
                         agent=agent,
-                        coverage=index,
+                        coverage=cov,
                     )
                     began = time.perf_counter()
                     plan, _change = select(Path(repo), p, head, None, config)
                     seconds = time.perf_counter() - began
                     files = {item.test.file for item in plan.selected}
                     chosen = {item.test.nodeid.split("[", 1)[0] for item in plan.selected}
-                    key = f"w{weight}{MAP if index is not None else ''}@{budget}"
+                    key = f"w{weight}{MAP if cov is not None else ''}@{budget}"
                     row["results"][key] = {
                         "files": sorted(files & truth),
                         "tests": sorted(t for t in truth_tests if t in chosen),

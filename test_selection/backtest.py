@@ -747,8 +747,18 @@ def choose(
     calibrations: dict[str, Calibration] = {}
     replayed: dict[str, list[tuple[list[str], dict[str, int]]]] = {name: [] for name in names}
     boosted: dict[str, list[tuple[list[str], dict[str, int]]]] = {name: [] for name in names}
+    python = {p for c in cases for p in c.sources if p.endswith(".py")}
     reach: PastReach = (
-        past_reach(coverage, repo, [c.sha for c in cases], is_test) if coverage else {}
+        past_reach(
+            coverage,
+            repo,
+            [
+                (c.sha, {p: b for p, b in history.modified[c.index].items() if p in python})
+                for c in cases
+            ],
+        )
+        if coverage
+        else {}
     )
     descriptions: dict[str, str] = {}
     for case in cases:

@@ -174,6 +174,17 @@ def _changed_defs(
     return changed
 
 
+def changed_symbols(path: str, old: bytes | None, new: bytes | None) -> set[str]:
+    """The qualified defs of one Python file that differ between two versions (all of the
+    parsable side's when the other does not parse), without a diff: what the backtest
+    needs of many past commits at once."""
+    old_defs, old_err = _defs(old, path)
+    new_defs, new_err = _defs(new, path)
+    if old_err or new_err:
+        return set(old_defs) | set(new_defs)
+    return _changed_defs(old_defs, new_defs, [])
+
+
 def _ops_from_lines(change: FileChange) -> set[str]:
     ops: set[str] = set()
     lines = [f"+{line}" for line in change.added] + [f"-{line}" for line in change.removed]

@@ -9,11 +9,11 @@ ranks those changes as it would without a map.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from test_selection.change_analysis import ChangeAnalysis, analyze
+from test_selection.change_analysis import ChangeAnalysis, changed_symbols
 from test_selection.coverage_map import (
     CoverageIndex,
     CoverageMap,
@@ -177,22 +177,26 @@ PastReach = dict[str, dict[str, dict[str, Reach]]]
 
 
 def past_reach(
-    index: CoverageIndex, repo: Repo, shas: Iterable[str], is_test: Callable[[str], bool]
+    index: CoverageIndex, repo: Repo, changes: Iterable[tuple[str, Mapping[str, tuple[str, str]]]]
 ) -> PastReach:
     """What the map says each past commit's source change reached (the backtest replays
-    coverage on them). A commit whose diff cannot be read reaches nothing."""
+    coverage on them). ``changes``: per commit, its modified Python sources and their blobs
+    before and after (``History.modified``); all are read in one batch. A blob that cannot
+    be read reaches nothing."""
+    changes = list(changes)
+    blobs = sorted({b for _sha, files in changes for pair in files.values() for b in pair})
+    try:
+        contents = repo.read_blobs(blobs)
+    except GitError:
+        contents = {}
     out: PastReach = {}
-    for sha in shas:
-        try:
-            change = analyze(repo, f"{sha}^", sha)
-        except GitError:
-            out[sha] = {}
-            continue
-        change.symbols = {s for s in change.symbols if not is_test(s.partition(":")[0])}
-        targets = [
-            f for names in changed_functions(change).values() for file, name in names
-            for f in index.resolve(file, name)
-        ]  # fmt: skip
+    for sha, files in changes:
+        targets: list[Function] = []
+        for path, (old, new) in files.items():
+            if old not in contents or new not in contents:
+                continue
+            for name in changed_symbols(path, contents[old], contents[new]):
+                targets += index.resolve(path, name)
         by_file: dict[str, dict[str, Reach]] = {}
         for test, reach in index.reaches(targets).items():
             file, _, name = test.partition("::")
