@@ -514,16 +514,19 @@ def with_reach(case: Case, reach: Mapping[str, Mapping[str, Reach]]) -> tuple[Ca
     """The case with each file's tests that the map says executed the change first (the
     order the selector uses with a map), and how many lead each of its files."""
     truth: dict[str, tuple[int, tuple[int, ...]]] = {}
+    counts = {path: len(tests) for path, tests in reach.items()}
     for path, (tests, edited) in case.truth.items():
         names = case.names.get(path, ())
         found = reach.get(path, {})
-        if not found or len(names) != tests:
+        reaches = [found.get(n) for n in names]
+        # the file as it was: a test the map knows but the file did not have yet is not there
+        counts[path] = sum(1 for r in reaches if r is not None)
+        if not counts[path] or len(names) != tests:
             truth[path] = (tests, edited)
             continue
-        order = reached_first(range(tests), [found.get(n) for n in names])
+        order = reached_first(range(tests), reaches)
         position = {i: k for k, i in enumerate(order)}
         truth[path] = (tests, tuple(sorted(position[p] for p in edited)))
-    counts = {path: len(tests) for path, tests in reach.items()}
     return replace(case, truth=truth), counts
 
 
