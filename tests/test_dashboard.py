@@ -546,7 +546,15 @@ def test_run_page_says_which_ranking_the_backtest_chose(relay: Relay, store: Sto
                 "file_recall": 0.84,
                 "edited_test_recall": 0.7,
             },
+            {  # the same ranking with a coverage map: chosen, the one above is not
+                "ranking": "learned",
+                "coverage": "reached-first",
+                "description": "learned model, tests the coverage map reaches first",
+                "file_recall": 0.84,
+                "edited_test_recall": 0.8,
+            },
         ],
+        "coverage": "reached-first",
     }
     selected = [
         planned(
@@ -570,7 +578,8 @@ def test_run_page_says_which_ranking_the_backtest_chose(relay: Relay, store: Sto
     for expected in (
         "ranking learned model (chosen by backtest on 60 past commits)",
         "history counting + path words 72.0% 61.0%",
-        "learned model 84.0% 70.0% chosen",
+        "learned model 84.0% 70.0% learned model, tests the coverage map reaches first 84.0% "
+        "80.0% chosen",
         "ranking +0.0042 test/test_a.py is #1 of 9 by learned model",
     ):
         assert expected in text, (expected, text[:3000])
