@@ -76,7 +76,7 @@ def record(
     except GitError as exc:
         raise _fail(str(exc)) from None
     target = (output or Path(f"coverage-{sha[:12]}.json.gz")).resolve()
-    interpreter = _interpreter(python)
+    interpreter = str(python) if python is not None else sys.executable
     name = repository or repository_name(upstream)
     with tempfile.TemporaryDirectory(prefix="ci-relay-coverage-") as scratch:
         tree = Path(scratch) / "tree"
@@ -110,16 +110,16 @@ def record(
         err.print(f"warning: pytest exit code {code}: the map holds only what ran")
 
 
-def _interpreter(python: Path | None) -> str:
-    """The Python to run the tests with: this one, or one named that can run pytest."""
-    if python is None:
-        return sys.executable
+def _check_interpreter(python: str, env: dict[str, str]) -> None:
+    """Refuse a named Python that cannot run the recorder: missing, without pytest (with
+    the tree importable: an old pytest may need the very package under test), or too old."""
     try:
         proc = subprocess.run(
-            [str(python), "-c", "import sys, pytest; print(sys.version_info >= (3, 11))"],
+            [python, "-c", "import sys, pytest; print(sys.version_info >= (3, 11))"],
             capture_output=True,
             text=True,
             timeout=60,
+            env=env,
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -128,7 +128,6 @@ def _interpreter(python: Path | None) -> str:
         raise _fail(f"--python {python}: cannot import pytest ({proc.stderr.strip()[-300:]})")
     if proc.stdout.strip() != "True":
         raise _fail(f"--python {python}: the recorder needs Python 3.11 or newer")
-    return str(python)
 
 
 def _run_pytest(
@@ -156,6 +155,8 @@ def _run_pytest(
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *inherited])}
     env.pop("PYTEST_ADDOPTS", None)
+    if python != sys.executable:
+        _check_interpreter(python, env)
     command = [
         python, "-m", "pytest", "-p", "test_selection.coverage_recorder",
         "--record-coverage", str(target), "--coverage-root", str(tree),
