@@ -274,6 +274,43 @@ def missed_tests(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
     return dict(out)
 
 
+def map_misses(result: dict[str, Any], key: str) -> dict[str, int]:
+    """Edited tests a plan with the map missed, by what the map knew of them: not in it at
+    all (the test is newer than the map), in it but it executed none of the functions the
+    commit changed, or it executed one and the plan still did not choose it."""
+    from test_selection.change_analysis import analyze
+    from test_selection.coverage_select import changed_functions
+    from test_selection.git import GitError, Repo
+
+    info = result.get("map") or {}
+    if not info.get("path") or not Path(info["path"]).is_file():
+        return {}
+    index = CoverageMap.load(Path(info["path"])).index()
+    repo = Repo(Path(result["repo"]))
+    out: dict[str, int] = defaultdict(int)
+    for r in result["rows"]:
+        missed = [t for t in r["truth_tests"] if t not in r["results"][key]["tests"]]
+        if not missed:
+            continue
+        try:
+            change = analyze(repo, f"{r['commit']}^", r["commit"], exclude=set(r["truth"]))
+        except GitError:
+            continue
+        targets = [
+            f for names in changed_functions(change).values() for file, name in names
+            for f in index.resolve(file, name)
+        ]  # fmt: skip
+        reached = index.reaches(targets)
+        for test in missed:
+            if test not in index.size:
+                out["not in the map (newer than it)"] += 1
+            elif test not in reached:
+                out["in the map, executed no changed function"] += 1
+            else:
+                out["executed a changed function, not chosen"] += 1
+    return dict(out)
+
+
 def misses(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
     out: dict[str, int] = defaultdict(int)
     for r in rows:
@@ -547,6 +584,9 @@ def main() -> int:
             tests = missed_tests(result["rows"], key)
             label = f"{name}{' with the map' if family else ''}"
             print(f"  {label}: edited test files {causes}; edited tests {tests}")
+            if family:
+                print(f"  {' ' * len(label)}  edited tests missed, by the map: "
+                      f"{map_misses(result, key)}")  # fmt: skip
             print(f"  {' ' * len(label)}  rankings chosen: {dict(rankings)}")
     if args.verify:
         print(
