@@ -21,9 +21,11 @@ Operators (each changes behaviour when the function runs):
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import tempfile
@@ -344,101 +346,169 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def run_tests(
-    python: str,
-    cwd: Path,
-    root: Path,
-    pytest_args: list[str],
-    timeout: float,
-    mutant: Mutant | None = None,
-    pythonpath: list[str] | None = None,
-    restarts: int = 3,
-) -> RunResult:
-    """Run pytest with the mutation plugin (and ``mutant`` applied, if any), at most
-    ``timeout`` seconds in all. A run that hangs past the time left or whose process dies
-    records the test it was in as ``crashed`` and goes on without the tests already recorded
-    (at most ``restarts`` times), as the relay's runner does."""
-    if timeout <= 0:
-        raise ValueError("timeout must be positive")
-    result = RunResult()
-    began = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="mutation-run-") as scratch:
-        spec_path = Path(scratch) / "spec.json"
-        log = Path(scratch) / "outcomes.jsonl"
-        env = {
+class Runner:
+    """Runs pytest for the bench (installed plugins not loaded unless ``autoload``): with
+    ``preload`` (modules such as torch's testing helpers),
+    through ``mutation_forkserver.py``, which imports them once and forks a child per run;
+    else a new process per run. ``close()`` stops the server."""
+
+    def __init__(
+        self,
+        python: str,
+        pythonpath: list[str] | None = None,
+        preload: list[str] | None = None,
+        autoload: bool = False,
+    ) -> None:
+        self.python = python
+        self.env = {
             **os.environ,
-            SPEC_ENV: str(spec_path),
             "PYTHONPATH": os.pathsep.join([*(pythonpath or []), str(HERE), str(ROOT)]),
             "PYTHONDONTWRITEBYTECODE": "1",
         }
-        env.pop("PYTEST_ADDOPTS", None)
-        skip: list[str] = []
-        for attempt in range(restarts + 1):
-            left = timeout - (time.monotonic() - began)
-            if left <= 1:
-                result.timed_out = True
-                break
-            spec_path.write_text(
-                json.dumps(
-                    {
-                        "mutant": mutant.to_json() if mutant else None,
-                        "log": str(log),
-                        "root": str(root),
-                        "skip": skip,
-                    }
-                )
-            )
-            log.unlink(missing_ok=True)
-            command = [
-                python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "mutation_plugin",
-                "--no-header", "-o", "addopts=", *pytest_args,
-            ]  # fmt: skip
-            proc = subprocess.Popen(
-                command,
-                cwd=cwd,
-                env=env,
+        self.env.pop("PYTEST_ADDOPTS", None)
+        self.env.pop(SPEC_ENV, None)
+        if not autoload:  # installed pytest plugins cost seconds per run; -p names what is needed
+            self.env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        self.preload = list(preload or [])
+        self.server: subprocess.Popen[str] | None = None
+
+    def _server(self) -> subprocess.Popen[str]:
+        if self.server is None or self.server.poll() is not None:
+            self.server = subprocess.Popen(
+                [self.python, "-P", str(HERE / "mutation_forkserver.py"), *self.preload],
+                env=self.env,
+                cwd=tempfile.gettempdir(),
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                text=True,
                 start_new_session=True,
             )
+            assert self.server.stdout is not None
+            ready = self.server.stdout.readline()
+            if not ready:
+                raise RuntimeError(f"the fork server did not start ({self.python})")
+        return self.server
+
+    def close(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            assert self.server.stdin is not None
+            self.server.stdin.close()
             try:
-                out, _ = proc.communicate(timeout=left)
-                hung = False
+                self.server.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                out, _ = proc.communicate()
-                hung = True
-            current: str | None = None
-            for record in _read_lines(log):
-                if "error" in record:
-                    result.error = record["error"]
-                elif "applied" in record:
-                    result.applied = record["applied"]
-                elif "start" in record:
-                    current = record["start"]
-                    result.generic[current] = record["test"]
-                elif "outcome" in record:
-                    result.outcomes[record["nodeid"]] = record["outcome"]
-                    current = None
-            if result.error:
-                break
-            died = hung or proc.returncode < 0 or (current is not None and proc.returncode != 0)
-            if not died:
-                if proc.returncode not in (0, 1, 5):
-                    tail = out.decode(errors="replace").strip().splitlines()[-5:]
-                    result.error = f"pytest exit {proc.returncode}: " + " | ".join(tail)
-                break
-            if current is not None:
-                result.outcomes[current] = "crashed"
-            if hung:
-                result.timed_out = True
-                break
-            if attempt == restarts:
-                break
-            result.restarts += 1
-            skip = sorted(result.outcomes)
-    result.seconds = time.monotonic() - began
-    return result
+                os.killpg(self.server.pid, signal.SIGKILL)
+                self.server.wait()
+        self.server = None
+
+    def once(
+        self, args: list[str], cwd: Path, spec: Path, out: Path, timeout: float
+    ) -> tuple[int, bool]:
+        """One pytest run; its exit code (negative: killed by that signal) and whether it
+        was stopped at ``timeout``."""
+        if not self.preload:
+            with out.open("wb") as sink:
+                proc = subprocess.Popen(
+                    [self.python, "-P", "-m", "pytest", *args],
+                    cwd=cwd,
+                    env={**self.env, SPEC_ENV: str(spec)},
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+                try:
+                    return proc.wait(timeout=timeout), False
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    return proc.wait(), True
+        server = self._server()
+        assert server.stdin is not None and server.stdout is not None
+        request = {"args": args, "cwd": str(cwd), "env": {SPEC_ENV: str(spec)}, "out": str(out)}
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        pid = json.loads(server.stdout.readline())["pid"]
+        ready, _, _ = select.select([server.stdout], [], [], timeout)
+        hung = not ready
+        if hung:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        line = server.stdout.readline()
+        if not line:
+            raise RuntimeError("the fork server died")
+        return int(json.loads(line)["status"]), hung
+
+    def run(
+        self,
+        cwd: Path,
+        root: Path,
+        pytest_args: list[str],
+        timeout: float,
+        mutant: Mutant | None = None,
+        restarts: int = 3,
+    ) -> RunResult:
+        """Run pytest with the mutation plugin (and ``mutant`` applied, if any), at most
+        ``timeout`` seconds in all. A run that hangs past the time left or whose process dies
+        records the test it was in as ``crashed`` and goes on without the tests already
+        recorded (at most ``restarts`` times), as the relay's runner does."""
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
+        result = RunResult()
+        began = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="mutation-run-") as scratch:
+            spec_path = Path(scratch) / "spec.json"
+            log = Path(scratch) / "outcomes.jsonl"
+            output = Path(scratch) / "output.txt"
+            skip: list[str] = []
+            for attempt in range(restarts + 1):
+                left = timeout - (time.monotonic() - began)
+                if left <= 1:
+                    result.timed_out = True
+                    break
+                spec = {
+                    "mutant": mutant.to_json() if mutant else None,
+                    "log": str(log),
+                    "root": str(root),
+                    "skip": skip,
+                }
+                spec_path.write_text(json.dumps(spec))
+                log.unlink(missing_ok=True)
+                args = [
+                    "-q", "-p", "no:cacheprovider", "-p", "mutation_plugin", "--no-header",
+                    "-o", "addopts=", *pytest_args,
+                ]  # fmt: skip
+                code, hung = self.once(args, cwd, spec_path, output, left)
+                current: str | None = None
+                for record in _read_lines(log):
+                    if "error" in record:
+                        result.error = record["error"]
+                    elif "applied" in record:
+                        result.applied = record["applied"]
+                    elif "start" in record:
+                        current = record["start"]
+                        result.generic[current] = record["test"]
+                    elif "outcome" in record:
+                        result.outcomes[record["nodeid"]] = record["outcome"]
+                        current = None
+                if result.error:
+                    break
+                died = hung or code < 0 or (current is not None and code != 0)
+                if not died:
+                    if code not in (0, 1, 5):
+                        text = output.read_text(errors="replace") if output.is_file() else ""
+                        tail = text.strip().splitlines()[-5:]
+                        result.error = f"pytest exit {code}: " + " | ".join(tail)
+                    break
+                if current is not None:
+                    result.outcomes[current] = "crashed"
+                if hung:
+                    result.timed_out = True
+                    break
+                if attempt == restarts:
+                    break
+                result.restarts += 1
+                skip = sorted(result.outcomes)
+        result.seconds = time.monotonic() - began
+        return result
 
 
 def failing_tests(baseline: RunResult, mutated: RunResult) -> set[str]:
