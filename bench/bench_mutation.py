@@ -80,6 +80,7 @@ class Options:
     count: int = 10
     seed: int = 0
     timeout: float = 300.0
+    test_timeout: float = 60.0
     budgets: tuple[float, ...] = BUDGETS
     coverage: Path | None = None
     scope: str = "reached"  # or "all"
@@ -279,7 +280,11 @@ def _run(
     baseline = ml.RunResult()
     if everything:
         baseline = runner.run(
-            cwd, repo, test_command(opts, everything), timeout=max(opts.timeout, 60.0) * 4
+            cwd,
+            repo,
+            test_command(opts, everything),
+            timeout=max(opts.timeout * len(mutants), 600.0),
+            test_timeout=opts.test_timeout,
         )
         if baseline.error:
             raise SystemExit(f"the unmutated run failed: {baseline.error}")
@@ -308,7 +313,9 @@ def _run(
             rows.append(row)
             log(f"[{number}/{len(mutants)}] {m.ident}: no test reached it")
             continue
-        result = runner.run(cwd, repo, test_command(opts, files), opts.timeout, m)
+        result = runner.run(
+            cwd, repo, test_command(opts, files), opts.timeout, m, test_timeout=opts.test_timeout
+        )
         failing = ml.failing_tests(baseline, result)
         row.update(
             failing=sorted(failing),
@@ -479,6 +486,9 @@ def parse(argv: list[str]) -> Options:
     ap.add_argument("--count", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant's run")
+    ap.add_argument(
+        "--test-timeout", type=float, default=60.0, help="a test running longer hangs (crashed)"
+    )
     ap.add_argument("--budgets", default="0.05,0.15")
     ap.add_argument("--coverage", type=Path, help="a coverage map of the base revision")
     ap.add_argument("--record-coverage", action="store_true", help="record the map first")
@@ -498,8 +508,8 @@ def parse(argv: list[str]) -> Options:
         help="import this once in a fork server that forks each run (torch's testing helpers)",
     )
     args = ap.parse_args(argv)
-    if args.count < 1 or args.timeout <= 0:
-        ap.error("--count and --timeout must be positive")
+    if args.count < 1 or args.timeout <= 0 or args.test_timeout <= 0:
+        ap.error("--count, --timeout and --test-timeout must be positive")
     if not (args.repo / ".git").exists():
         ap.error(f"{args.repo} is not a git checkout")
     budgets = tuple(float(b) for b in args.budgets.split(","))
@@ -518,6 +528,7 @@ def parse(argv: list[str]) -> Options:
         count=args.count,
         seed=args.seed,
         timeout=args.timeout,
+        test_timeout=args.test_timeout,
         budgets=budgets,
         coverage=args.coverage,
         scope=args.scope,

@@ -401,10 +401,19 @@ class Runner:
         self.server = None
 
     def once(
-        self, args: list[str], cwd: Path, spec: Path, out: Path, timeout: float
-    ) -> tuple[int, bool]:
-        """One pytest run; its exit code (negative: killed by that signal) and whether it
-        was stopped at ``timeout``."""
+        self,
+        args: list[str],
+        cwd: Path,
+        spec: Path,
+        log: Path,
+        out: Path,
+        limits: tuple[float, float],
+    ) -> tuple[int, str | None]:
+        """One pytest run; its exit code (negative: killed by that signal) and why it was
+        stopped: ``hang`` (no test ended for ``limits[1]`` seconds), ``timeout`` (the run
+        took ``limits[0]`` seconds) or None."""
+        total, per_test = limits
+        began = time.monotonic()
         if not self.preload:
             with out.open("wb") as sink:
                 proc = subprocess.Popen(
@@ -416,26 +425,56 @@ class Runner:
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
                 )
-                try:
-                    return proc.wait(timeout=timeout), False
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    return proc.wait(), True
+                pid = proc.pid
+
+                def done() -> int | None:
+                    return proc.poll()
+
+                stopped = self._watch(pid, done, log, began, total, per_test)
+                return proc.wait(), stopped
         server = self._server()
         assert server.stdin is not None and server.stdout is not None
         request = {"args": args, "cwd": str(cwd), "env": {SPEC_ENV: str(spec)}, "out": str(out)}
         server.stdin.write(json.dumps(request) + "\n")
         server.stdin.flush()
         pid = json.loads(server.stdout.readline())["pid"]
-        ready, _, _ = select.select([server.stdout], [], [], timeout)
-        hung = not ready
-        if hung:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-        line = server.stdout.readline()
+        reader = server.stdout
+
+        def ended() -> int | None:
+            ready, _, _ = select.select([reader], [], [], 0)
+            return 0 if ready else None
+
+        stopped = self._watch(pid, ended, log, began, total, per_test)
+        line = reader.readline()
         if not line:
             raise RuntimeError("the fork server died")
-        return int(json.loads(line)["status"]), hung
+        return int(json.loads(line)["status"]), stopped
+
+    @staticmethod
+    def _watch(
+        pid: int,
+        done: Any,
+        log: Path,
+        began: float,
+        total: float,
+        per_test: float,
+    ) -> str | None:
+        """Wait for the run; kill its process group when it hangs or runs out of time."""
+        seen, last = -1, time.monotonic()
+        while done() is None:
+            now = time.monotonic()
+            size = log.stat().st_size if log.exists() else 0
+            if size != seen:
+                seen, last = size, now
+            why = "timeout" if now - began > total else "hang" if now - last > per_test else None
+            if why:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                while done() is None:
+                    time.sleep(0.05)
+                return why
+            time.sleep(0.2)
+        return None
 
     def run(
         self,
@@ -445,11 +484,14 @@ class Runner:
         timeout: float,
         mutant: Mutant | None = None,
         restarts: int = 3,
+        test_timeout: float = 120.0,
     ) -> RunResult:
         """Run pytest with the mutation plugin (and ``mutant`` applied, if any), at most
-        ``timeout`` seconds in all. A run that hangs past the time left or whose process dies
-        records the test it was in as ``crashed`` and goes on without the tests already
-        recorded (at most ``restarts`` times), as the relay's runner does."""
+        ``timeout`` seconds in all. A run whose process dies, or whose test runs past
+        ``test_timeout``, records the test it was in as ``crashed`` and goes on without the
+        tests already recorded (at most ``restarts`` times), as the relay's runner does; a run
+        past ``timeout`` in all is cut there (the test it was in is not counted) and marked
+        ``timed_out``."""
         if timeout <= 0:
             raise ValueError("timeout must be positive")
         result = RunResult()
@@ -476,7 +518,7 @@ class Runner:
                     "-q", "-p", "no:cacheprovider", "-p", "mutation_plugin", "--no-header",
                     "-o", "addopts=", *pytest_args,
                 ]  # fmt: skip
-                code, hung = self.once(args, cwd, spec_path, output, left)
+                code, stopped = self.once(args, cwd, spec_path, log, output, (left, test_timeout))
                 current: str | None = None
                 for record in _read_lines(log):
                     if "error" in record:
@@ -491,7 +533,10 @@ class Runner:
                         current = None
                 if result.error:
                     break
-                died = hung or code < 0 or (current is not None and code != 0)
+                if stopped == "timeout":
+                    result.timed_out = True
+                    break
+                died = stopped == "hang" or code < 0 or (current is not None and code != 0)
                 if not died:
                     if code not in (0, 1, 5):
                         text = output.read_text(errors="replace") if output.is_file() else ""
@@ -500,9 +545,6 @@ class Runner:
                     break
                 if current is not None:
                     result.outcomes[current] = "crashed"
-                if hung:
-                    result.timed_out = True
-                    break
                 if attempt == restarts:
                     break
                 result.restarts += 1

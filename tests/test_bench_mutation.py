@@ -151,3 +151,50 @@ def test_a_caught_and_an_equivalent_mutant_on_the_sample_upstream(
     report = "\n".join(lines)
     assert "2 mutants: 1 fail tests, 1 fail nothing" in report
     assert f"equivalent: {EQUIVALENT}:raise:0" in report
+
+
+def test_the_runner_counts_a_hang_and_a_crash_as_failing_and_goes_on(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    ml = sys.modules["mutation_lib"]
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "__init__.py").write_text("")
+    code = "import os\nimport time\n\n\ndef step(x):\n    return x + 1\n"
+    (repo / "pkg" / "core.py").write_text(code)
+    (repo / "test_core.py").write_text(
+        "from pkg.core import step\n\n"
+        "def test_a():\n    assert step(1) == 2\n\n"
+        "def test_b():\n    assert step(2) == 3\n\n"
+        "def test_c():\n    assert step(5) == 6\n\n"
+        "def test_d():\n    assert step(0) == 1\n"
+    )
+    target = ml.Target("pkg/core.py", "step", "pkg.core")
+    # a mutant that hangs on one input and kills the process on another
+    broken = code.replace(
+        "    return x + 1\n",
+        "    if x == 2:\n        time.sleep(600)\n    if x == 5:\n        os._exit(9)\n"
+        "    return x + 1\n",
+    )
+    source, _ = ml.function_source(broken, "step")
+    mutant = ml.Mutant(target, "test", "hang and crash", source, str(repo / "pkg/core.py"), broken)
+    for preload in ([], ["pkg.core"]):
+        runner = ml.Runner(sys.executable, [str(repo)], preload)
+        try:
+            args = [str(repo / "test_core.py"), f"--rootdir={repo}"]
+            baseline = runner.run(tmp_path, repo, args, timeout=60)
+            result = runner.run(tmp_path, repo, args, timeout=60, mutant=mutant, test_timeout=3)
+        finally:
+            runner.close()
+        assert baseline.passed() == {f"test_core.py::test_{n}" for n in "abcd"}
+        assert result.applied == 1 and not result.timed_out and result.restarts == 2
+        assert result.outcomes == {
+            "test_core.py::test_a": "passed",
+            "test_core.py::test_b": "crashed",
+            "test_core.py::test_c": "crashed",
+            "test_core.py::test_d": "passed",
+        }
+        assert ml.failing_tests(baseline, result) == {
+            "test_core.py::test_b",
+            "test_core.py::test_c",
+        }
