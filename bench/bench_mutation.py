@@ -94,6 +94,7 @@ class Options:
     targets: list[tuple[str, str, str]] = field(default_factory=list)  # file, qualname, op
     cache_dir: Path | None = None
     preload: list[str] = field(default_factory=list)  # modules the fork server imports
+    baseline: Path | None = None  # unmutated outcomes kept per file
     json: Path | None = None
 
 
@@ -264,6 +265,45 @@ def run(opts: Options, log: Any = print) -> dict[str, Any]:
         runner.close()
 
 
+def unmutated(
+    opts: Options, runner: ml.Runner, cwd: Path, base: str, files: list[str], mutants: int
+) -> ml.RunResult:
+    """The outcomes of ``files`` unmutated; with ``opts.baseline``, kept there per file for
+    the next run at the same revision and command (only the files it lacks run)."""
+    key = json.dumps([base, opts.python, opts.specs and [str(p) for p in opts.specs],
+                      opts.backend, opts.installed, opts.pytest_args], default=str)  # fmt: skip
+    kept: dict[str, Any] = {}
+    if opts.baseline is not None and opts.baseline.is_file():
+        data = json.loads(opts.baseline.read_text())
+        kept = data.get("files", {}) if data.get("key") == key else {}
+    result = ml.RunResult()
+    missing = [f for f in files if f not in kept]
+    if missing:
+        fresh = runner.run(
+            cwd,
+            opts.repo,
+            test_command(opts, missing),
+            timeout=max(opts.timeout * mutants, 600.0),
+            test_timeout=opts.test_timeout,
+        )
+        if fresh.error:
+            raise SystemExit(f"the unmutated run failed: {fresh.error}")
+        result.seconds = fresh.seconds
+        for f in missing:
+            kept[f] = {"outcomes": {}, "generic": {}}
+        for nodeid, outcome in fresh.outcomes.items():
+            file = nodeid.split("::", 1)[0]
+            if file in kept:
+                kept[file]["outcomes"][nodeid] = outcome
+                kept[file]["generic"][nodeid] = fresh.generic.get(nodeid, nodeid)
+        if opts.baseline is not None and not fresh.timed_out:
+            opts.baseline.write_text(json.dumps({"key": key, "files": kept}))
+    for f in files:
+        result.outcomes.update(kept[f]["outcomes"])
+        result.generic.update(kept[f]["generic"])
+    return result
+
+
 def _run(
     opts: Options,
     runner: ml.Runner,
@@ -277,17 +317,7 @@ def _run(
     log: Any,
 ) -> dict[str, Any]:
     repo = opts.repo
-    baseline = ml.RunResult()
-    if everything:
-        baseline = runner.run(
-            cwd,
-            repo,
-            test_command(opts, everything),
-            timeout=max(opts.timeout * len(mutants), 600.0),
-            test_timeout=opts.test_timeout,
-        )
-        if baseline.error:
-            raise SystemExit(f"the unmutated run failed: {baseline.error}")
+    baseline = unmutated(opts, runner, cwd, base, everything, len(mutants))
     log(
         f"baseline: {len(baseline.outcomes)} tests of {len(everything)} files, "
         f"{len(baseline.passed())} passed, {baseline.seconds:.1f} s"
@@ -501,6 +531,7 @@ def parse(argv: list[str]) -> Options:
     ap.add_argument("--target", action="append", default=[], help="FILE::QUALNAME::OPERATOR")
     ap.add_argument("--json", type=Path, help="write the record here")
     ap.add_argument("--pytest-arg", action="append", default=[])
+    ap.add_argument("--baseline", type=Path, help="keep the unmutated outcomes here (JSON)")
     ap.add_argument(
         "--preload",
         action="append",
@@ -541,6 +572,7 @@ def parse(argv: list[str]) -> Options:
         pytest_args=args.pytest_arg,
         json=args.json,
         preload=args.preload,
+        baseline=args.baseline,
     )
     if args.record_coverage and opts.coverage is None:
         opts.coverage = record_map(opts)

@@ -8,11 +8,11 @@ the selector.
 Operators (each changes behaviour when the function runs):
 
 - ``raise``: ``raise RuntimeError`` before the body's first statement;
-- ``return``: the first ``return VALUE`` (chosen by the seed) returns the value with one element
-  wrong (``__mutation_perturb__``, supplied by the plugin: a tensor or array with its first
-  element changed, a number plus one, a bool negated, a sequence, set or dict without one item,
-  an iterator without its first item);
-- ``swap-args``: the first two positional arguments of a call are swapped;
+- ``return``: a ``return VALUE`` (chosen by the seed) returns the value with one element wrong
+  (``__mutation_perturb__``, supplied by the plugin: a tensor or array with its first element
+  changed, a graph without its last node, a number plus one, a bool negated, a sequence, set or
+  dict without one item, an iterator without its first item);
+- ``swap-args``: the first two positional arguments of a call (chosen by the seed) swapped;
 - ``off-by-one``: an integer constant plus one, or a comparison's bound moved (``<`` to
   ``<=``, ``>`` to ``>=`` and back);
 - ``drop-keyword``: a keyword argument of a call removed.
@@ -201,7 +201,10 @@ def _candidates(text: str, fn: ast.FunctionDef | ast.AsyncFunctionDef, operator:
                 and not (isinstance(node.value, ast.Constant) and node.value.value is None)
             ):
                 start, end = _span(node.value)
-                edits.append(Edit(start, end, f"{PERTURB}({_segment(text, node.value)})"))
+                value = _segment(text, node.value)
+                if isinstance(node.value, ast.Tuple) and not value.startswith("("):
+                    value = f"({value})"  # ``return a, b``
+                edits.append(Edit(start, end, f"{PERTURB}({value})"))
     elif operator == "swap-args":
         for node in nodes:
             if isinstance(node, ast.Call) and len(node.args) >= 2:

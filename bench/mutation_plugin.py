@@ -64,6 +64,13 @@ def perturb(value: Any) -> Any:
         out = value.copy()
         out.flat[0] = (not out.flat[0]) if out.dtype == bool else out.flat[0] + 1
         return out
+    if hasattr(value, "remove_node") and hasattr(value, "copy") and hasattr(value, "nodes"):
+        nodes = list(value.nodes)
+        if not nodes:
+            return value
+        graph = value.copy()
+        graph.remove_node(nodes[-1])  # a graph without its last node
+        return graph
     if isinstance(value, list | tuple):
         return type(value)(value[:-1]) if value else value
     if isinstance(value, dict):
