@@ -386,6 +386,7 @@ def _run(
                     "share": ran / universe_size if universe_size else 0.0,
                     "seconds": round(seconds, 3),
                     "ranking": plan.ranking.get("chosen", "hand"),
+                    "coverage": plan.coverage.get("used", "") if idx is not None else "",
                 }
             if yardstick is not None:
                 row["results"][f"combo@{budget}"] = combo(
@@ -450,6 +451,11 @@ def figures(record: dict[str, Any]) -> dict[str, dict[str, float]]:
             "mutants": len(results),
             "caught": sum(1 for x in results if x["found"]) / len(results),
             "recall": sum(len(x["found"]) for x in results) / failing if failing else 0.0,
+            "mean_recall": statistics.mean(
+                len(r["results"][key]["found"]) / len(r["failing"])
+                for r in killed
+                if key in r["results"]
+            ),
             "share": statistics.mean(x["share"] for x in results),
             "tests": statistics.mean(x["tests"] for x in results),
             "seconds": statistics.mean(x["seconds"] for x in results),
@@ -470,8 +476,8 @@ def print_report(record: dict[str, Any], out: Any = print) -> None:
     table = figures(record)
     budgets = sorted({float(k.rsplit("@", 1)[1]) for k in table})
     names = sorted({k.rsplit("@", 1)[0] for k in table}, key=lambda n: (n == "combo", n))
-    out(f"\n{'budget':>7} {'selector':<14} {'caught':>8} {'recall':>8} {'tests':>8} "
-        f"{'share':>7} {'s/sel':>7}")  # fmt: skip
+    out(f"\n{'budget':>7} {'selector':<14} {'caught':>8} {'recall':>8} {'per-mut':>8} "
+        f"{'tests':>8} {'share':>7} {'s/sel':>7}")  # fmt: skip
     for budget in budgets:
         for name in names:
             f = table.get(f"{name}@{budget}")
@@ -479,7 +485,8 @@ def print_report(record: dict[str, Any], out: Any = print) -> None:
                 continue
             out(
                 f"{budget:>6.0%} {name:<14} {f['caught']:>8.3f} {f['recall']:>8.3f} "
-                f"{f['tests']:>8.1f} {f['share']:>7.3f} {f['seconds']:>7.2f}"
+                f"{f['mean_recall']:>8.3f} {f['tests']:>8.1f} {f['share']:>7.3f} "
+                f"{f['seconds']:>7.2f}"
             )
         if "combo" in names and "selector" in names:
             s, c = table[f"selector@{budget}"], table[f"combo@{budget}"]
@@ -502,6 +509,20 @@ def print_report(record: dict[str, Any], out: Any = print) -> None:
                 causes[cause] += 1
         listed = ", ".join(f"{c} {n}" for c, n in sorted(causes.items())) or "none"
         out(f"  {key}: {listed}")
+    out(
+        "recall: failing tests in the plan / failing tests; per-mut: the mean of it per mutant; "
+        "tests: mean tests in the plan; share: of the universe"
+    )
+    used: dict[str, int] = defaultdict(int)
+    for r in by_status["killed"]:
+        for key, result in r["results"].items():
+            if result.get("coverage"):
+                used[f"{key}: {result['coverage']}"] += 1
+    if used:
+        out("coverage map use: " + ", ".join(f"{k} {n}" for k, n in sorted(used.items())))
+    for r in by_status["killed"]:
+        if r.get("timed_out"):
+            out(f"cut at --timeout (truth partial): {r['ident']}, {len(r['failing'])} failing")
     for status in ("equivalent", "untested", "error"):
         for r in by_status[status]:
             why = r.get("error", "")
@@ -591,7 +612,11 @@ def record_map(opts: Options) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = parse(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--load"] and len(args) == 2:  # print a saved record again
+        print_report(json.loads(Path(args[1]).read_text()))
+        return 0
+    opts = parse(args)
     record = run(opts, log=lambda line: print(line, file=sys.stderr, flush=True))
     print_report(record)
     if opts.json is not None:
