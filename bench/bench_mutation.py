@@ -334,7 +334,26 @@ def _run(
 
     agent = agent_by_name(opts.agent, cache)
     rows: list[dict[str, Any]] = []
+
+    def record(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        out = {
+            "repo": str(repo),
+            "base": base,
+            "seed": opts.seed,
+            "count": opts.count,
+            "installed": opts.installed,
+            "coverage": str(opts.coverage) if opts.coverage else None,
+            "baseline": {"tests": len(baseline.outcomes), "passed": len(baseline.passed())},
+            "notes": notes,
+            "rows": rows,
+        }
+        if opts.json is not None:  # after every mutant: a long run cut short keeps its rows
+            opts.json.write_text(json.dumps({**out, "figures": figures(out)}, indent=1))
+        return out
+
     for number, m in enumerate(mutants, 1):
+        if rows:
+            record(rows)
         files = per_mutant[m.ident]
         row: dict[str, Any] = {**m.to_json(), "files": files, "results": {}}
         row.pop("runtime_source")
@@ -393,17 +412,7 @@ def _run(
                     yardstick, combo_state, m, failing, budget
                 )
         rows.append(row)
-    return {
-        "repo": str(repo),
-        "base": base,
-        "seed": opts.seed,
-        "count": opts.count,
-        "installed": opts.installed,
-        "coverage": str(opts.coverage) if opts.coverage else None,
-        "baseline": {"tests": len(baseline.outcomes), "passed": len(baseline.passed())},
-        "notes": notes,
-        "rows": rows,
-    }
+    return record(rows)
 
 
 def combo(
@@ -619,8 +628,6 @@ def main(argv: list[str] | None = None) -> int:
     opts = parse(args)
     record = run(opts, log=lambda line: print(line, file=sys.stderr, flush=True))
     print_report(record)
-    if opts.json is not None:
-        opts.json.write_text(json.dumps({**record, "figures": figures(record)}, indent=1))
     return 0
 
 
