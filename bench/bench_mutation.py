@@ -1,0 +1,635 @@
+"""Break real code and see (issue 35): a mutation ground truth for selection.
+
+For each of ``--count`` functions drawn with ``--seed`` from the code a repository's tests
+exercise, a mutant (``bench/mutation_lib.py``: raise at entry, one element of a return value
+wrong, two arguments swapped, an off-by-one, a keyword dropped) is applied in the test process
+(``bench/mutation_plugin.py`` swaps the function's code; no file is edited) and the tests are
+run: the tests that pass unmutated and fail (or crash, or hang past ``--timeout``) with it are
+the truth. Mutants that fail nothing are reported (equivalent, or untested) and left out of the
+rates. The same mutation is then a commit on the base revision (git objects and a ref under
+``refs/mutation/``, the checkout untouched), and the selector is asked for a plan at each
+budget, without and with a coverage map recorded on the unmutated tree; ``combo`` (the shared
+yardstick's co-change + path words baseline, ``--yardstick``) is filled to the same budget of
+test functions, as ``bench_selection_history.py`` does.
+
+Printed per budget and selector: mutations caught (at least one failing test in the plan),
+failing tests in the plan (recall), tests run (mean share of the universe), seconds per
+selection; then the misses by cause and the mutants left out. ``--json FILE`` keeps the record.
+
+Two kinds of repository:
+
+- a Python repository whose tests import its own package from the checkout (networkx): the
+  functions are those of its package, the tests of a mutant are the test files the coverage
+  map says reached the function (``--scope reached``; ``--scope all`` runs every test, the
+  whole truth at the whole suite's cost), run with ``--python`` (its own environment);
+
+      python bench/bench_mutation.py $SCRATCH/networkx --python $VENV/bin/python \\
+          --coverage nx-map.json.gz --yardstick PATH/select_eval.py --count 100 --seed 1
+
+- ``--installed torch``: a PyTorch-shaped tree (the sample upstream, or ``bench/real_tree.py``'s)
+  whose tests import the installed torch: the functions are those of the installed ``torch/``
+  files the tree also has (same path, same name), broken in the test process; the commit edits
+  the tree's own copy of that function with the same operator.
+
+      ci-relay sample-upstream /tmp/sample
+      python bench/bench_mutation.py /tmp/sample --installed torch --count 6 \\
+          --tests test/test_nn_functional.py --tests test/test_view_ops.py
+
+The coverage map (``--coverage FILE``, or ``--record-coverage`` to record one with ``ci-relay
+coverage record`` first) also chooses the functions: only those a test executed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+import mutation_lib as ml  # noqa: E402
+
+from test_selection.coverage_map import CoverageIndex, CoverageMap  # noqa: E402
+from test_selection.selector import SelectorConfig, select  # noqa: E402
+from test_selection.types import Budget  # noqa: E402
+
+BUDGETS = (0.05, 0.15)
+GOALS = {"caught@0.05": 0.99, "recall@0.15": 0.90}
+SKIP_PARTS = {"tests", "test", "testing", "benchmarks", "docs", "doc", "examples"}
+
+
+@dataclass
+class Options:
+    repo: Path
+    python: str = sys.executable
+    installed: str | None = None  # a package the tests import installed (torch)
+    count: int = 10
+    seed: int = 0
+    timeout: float = 300.0
+    test_timeout: float = 60.0
+    budgets: tuple[float, ...] = BUDGETS
+    coverage: Path | None = None
+    scope: str = "reached"  # or "all"
+    tests: list[str] = field(default_factory=list)  # test paths (scope all / no map)
+    specs: list[Path] = field(default_factory=list)
+    backend: str = "cpu"
+    agent: str = "none"
+    yardstick: Path | None = None
+    base: str = "HEAD"
+    pytest_args: list[str] = field(default_factory=list)
+    targets: list[tuple[str, str, str]] = field(default_factory=list)  # file, qualname, op
+    cache_dir: Path | None = None
+    preload: list[str] = field(default_factory=list)  # modules the fork server imports
+    baseline: Path | None = None  # unmutated outcomes kept per file
+    json: Path | None = None
+
+
+def load_yardstick(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("select_eval", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load the yardstick {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def _module_name(path: str) -> str:
+    parts = path[: -len(".py")].split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    if parts and parts[0] == "src":
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def _is_test_path(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py"
+
+
+def candidates(opts: Options, base: str) -> list[tuple[ml.Target, Path, str]]:
+    """Every function that can be a mutant: its target, the file the tests import it from,
+    and the repository's text of its file (what the commit edits)."""
+    files = [f for f in _git(opts.repo, "ls-tree", "-r", "--name-only", base).splitlines()]
+    out: list[tuple[ml.Target, Path, str]] = []
+    installed_root: Path | None = None
+    if opts.installed:
+        spec = importlib.util.find_spec(opts.installed)
+        if spec is None or not spec.submodule_search_locations:
+            raise SystemExit(f"{opts.installed} is not installed here")
+        installed_root = Path(next(iter(spec.submodule_search_locations))).parent
+    for path in files:
+        if not path.endswith(".py") or _is_test_path(path):
+            continue
+        if SKIP_PARTS & set(path.split("/")[:-1]):
+            continue
+        if opts.installed and not path.startswith(opts.installed + "/"):
+            continue
+        text = _git(opts.repo, "show", f"{base}:{path}")
+        names = set(ml.functions(text))
+        runtime = opts.repo / path
+        if installed_root is not None:
+            runtime = installed_root / path
+            if not runtime.is_file():
+                continue
+            names &= set(ml.functions(runtime.read_text()))
+        elif runtime.read_text() != text:
+            raise SystemExit(f"{path}: the checkout differs from {base}; check {base} out")
+        for name in sorted(names):
+            out.append((ml.Target(path, name, _module_name(path)), runtime, text))
+    return out
+
+
+def draw(
+    opts: Options, pool: list[tuple[ml.Target, Path, str]], reached: set[tuple[str, str]] | None
+) -> tuple[list[ml.Mutant], list[str]]:
+    """``opts.count`` mutants, functions and operators drawn with ``opts.seed`` (only functions
+    a test reached, when a map says); notes on what could not be made."""
+    by_key = {t.key: (t, r, text) for t, r, text in pool}
+    notes: list[str] = []
+    chosen: list[tuple[ml.Target, str | None]] = []
+    if opts.targets:
+        for file, qualname, op in opts.targets:
+            key = f"{file}::{qualname}"
+            if key not in by_key:
+                raise SystemExit(f"no function {key} to mutate")
+            chosen.append((by_key[key][0], op))
+    else:
+        eligible = [t for t, _r, _x in pool if reached is None or (t.file, t.qualname) in reached]
+        order = ml.choose_targets(eligible, len(eligible), opts.seed)
+        chosen = [(t, None) for t in order]
+    mutants: list[ml.Mutant] = []
+    rng = random.Random(opts.seed)
+    for target, op in chosen:
+        if len(mutants) >= opts.count:
+            break
+        _t, runtime, text = by_key[target.key]
+        ops = [op] if op else rng.sample(ml.OPERATORS, len(ml.OPERATORS))
+        for operator in ops:
+            try:
+                mutants.append(ml.make_mutant(target, runtime, text, operator, opts.seed))
+                break
+            except (ValueError, SyntaxError) as exc:
+                if op:
+                    raise SystemExit(f"{target.key}: {exc}") from exc
+        else:
+            notes.append(f"{target.key}: no operator applies")
+    return mutants, notes
+
+
+def reached_files(index: CoverageIndex | None, target: ml.Target) -> set[str]:
+    if index is None:
+        return set()
+    functions = index.resolve(target.file, target.qualname)
+    return {test.split("::", 1)[0] for test in index.reaches(functions)}
+
+
+def test_command(opts: Options, files: list[str]) -> list[str]:
+    args = [str(opts.repo / f) for f in files]
+    if opts.specs:
+        args += ["-p", "reuse_specs.pytest_plugin", "--reuse-upstream", str(opts.repo)]
+        args += ["--reuse-backend", opts.backend]
+        for spec in opts.specs:
+            args += ["--reuse-spec", str(spec)]
+    return [*args, f"--rootdir={opts.repo}", *opts.pytest_args]
+
+
+def _generic(test: str) -> str:
+    return test.split("[", 1)[0]
+
+
+def score_plan(plan: Any, failing: set[str]) -> tuple[set[str], dict[str, str], int, int]:
+    """Failing tests in the plan, the cause of each one not in it, tests run, universe."""
+    chosen = {_generic(item.test.nodeid) for item in plan.selected}
+    files = {item.test.file for item in plan.selected}
+    scored = {_generic(item.test.nodeid): item.score for item in plan.excluded}
+    found = failing & chosen
+    causes = {}
+    for test in sorted(failing - found):
+        if test.split("::", 1)[0] not in files:
+            causes[test] = "file not reached"
+        elif scored.get(test, 0.0) > 0:
+            causes[test] = "budget"
+        else:
+            causes[test] = "test not chosen"
+    return found, causes, len(plan.selected), plan.universe_size
+
+
+def run(opts: Options, log: Any = print) -> dict[str, Any]:
+    """The whole bench; the record (what ``--json`` writes)."""
+    repo = opts.repo
+    base = _git(repo, "rev-parse", opts.base).strip()
+    cmap = CoverageMap.load(opts.coverage) if opts.coverage else None
+    index = cmap.index() if cmap is not None else None
+    reached = {f for f in cmap.functions()} if cmap is not None else None
+    pool = candidates(opts, base)
+    mutants, notes = draw(opts, pool, reached)
+    log(f"{len(pool)} functions, {len(mutants)} mutants (seed {opts.seed})")
+    python_path = [] if opts.installed else [str(repo), *([str(repo / "src")])]
+    # the tests of each mutant
+    per_mutant: dict[str, list[str]] = {}
+    for m in mutants:
+        if opts.scope == "all" or index is None:
+            per_mutant[m.ident] = list(opts.tests) or ["."]
+        else:
+            files = sorted(reached_files(index, m.target))
+            if opts.tests:
+                files = [f for f in files if any(f.startswith(t) for t in opts.tests)]
+            per_mutant[m.ident] = files
+    everything = sorted({f for files in per_mutant.values() for f in files})
+    cwd = Path(tempfile.mkdtemp(prefix="bench-mutation-"))
+    runner = ml.Runner(opts.python, python_path, opts.preload)
+    try:
+        return _run(opts, runner, cwd, base, index, mutants, notes, per_mutant, everything, log)
+    finally:
+        runner.close()
+
+
+def unmutated(
+    opts: Options, runner: ml.Runner, cwd: Path, base: str, files: list[str], mutants: int
+) -> ml.RunResult:
+    """The outcomes of ``files`` unmutated; with ``opts.baseline``, kept there per file for
+    the next run at the same revision and command (only the files it lacks run)."""
+    key = json.dumps([base, opts.python, opts.specs and [str(p) for p in opts.specs],
+                      opts.backend, opts.installed, opts.pytest_args], default=str)  # fmt: skip
+    kept: dict[str, Any] = {}
+    if opts.baseline is not None and opts.baseline.is_file():
+        data = json.loads(opts.baseline.read_text())
+        kept = data.get("files", {}) if data.get("key") == key else {}
+    result = ml.RunResult()
+    missing = [f for f in files if f not in kept]
+    if missing:
+        fresh = runner.run(
+            cwd,
+            opts.repo,
+            test_command(opts, missing),
+            timeout=max(opts.timeout * mutants, 600.0),
+            test_timeout=opts.test_timeout,
+        )
+        if fresh.error:
+            raise SystemExit(f"the unmutated run failed: {fresh.error}")
+        result.seconds = fresh.seconds
+        for f in missing:
+            kept[f] = {"outcomes": {}, "generic": {}}
+        for nodeid, outcome in fresh.outcomes.items():
+            file = nodeid.split("::", 1)[0]
+            if file in kept:
+                kept[file]["outcomes"][nodeid] = outcome
+                kept[file]["generic"][nodeid] = fresh.generic.get(nodeid, nodeid)
+        if opts.baseline is not None and not fresh.timed_out:
+            opts.baseline.write_text(json.dumps({"key": key, "files": kept}))
+    for f in files:
+        result.outcomes.update(kept[f]["outcomes"])
+        result.generic.update(kept[f]["generic"])
+    return result
+
+
+def _run(
+    opts: Options,
+    runner: ml.Runner,
+    cwd: Path,
+    base: str,
+    index: CoverageIndex | None,
+    mutants: list[ml.Mutant],
+    notes: list[str],
+    per_mutant: dict[str, list[str]],
+    everything: list[str],
+    log: Any,
+) -> dict[str, Any]:
+    repo = opts.repo
+    baseline = unmutated(opts, runner, cwd, base, everything, len(mutants))
+    log(
+        f"baseline: {len(baseline.outcomes)} tests of {len(everything)} files, "
+        f"{len(baseline.passed())} passed, {baseline.seconds:.1f} s"
+    )
+    yardstick = load_yardstick(opts.yardstick) if opts.yardstick else None
+    combo_state: dict[str, Any] = {}
+    if yardstick is not None:
+        history, diffs = yardstick.history(str(repo), base, 1500)
+        universe = yardstick.test_universe(str(repo), base, {})
+        counts = yardstick.test_counts(str(repo), base, universe, {})
+        combo_state = {"history": history, "diffs": diffs, "universe": universe, "counts": counts}
+    cache = opts.cache_dir or Path(tempfile.mkdtemp(prefix="bench-mutation-cache-"))
+    from test_selection.agents import agent_by_name
+
+    agent = agent_by_name(opts.agent, cache)
+    rows: list[dict[str, Any]] = []
+
+    def record(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        out = {
+            "repo": str(repo),
+            "base": base,
+            "seed": opts.seed,
+            "count": opts.count,
+            "installed": opts.installed,
+            "coverage": str(opts.coverage) if opts.coverage else None,
+            "baseline": {"tests": len(baseline.outcomes), "passed": len(baseline.passed())},
+            "notes": notes,
+            "rows": rows,
+        }
+        if opts.json is not None:  # after every mutant: a long run cut short keeps its rows
+            opts.json.write_text(json.dumps({**out, "figures": figures(out)}, indent=1))
+        return out
+
+    for number, m in enumerate(mutants, 1):
+        if rows:
+            record(rows)
+        files = per_mutant[m.ident]
+        row: dict[str, Any] = {**m.to_json(), "files": files, "results": {}}
+        row.pop("runtime_source")
+        if not files:
+            row.update(status="untested", failing=[], seconds=0.0)
+            rows.append(row)
+            log(f"[{number}/{len(mutants)}] {m.ident}: no test reached it")
+            continue
+        result = runner.run(
+            cwd, repo, test_command(opts, files), opts.timeout, m, test_timeout=opts.test_timeout
+        )
+        failing = ml.failing_tests(baseline, result)
+        row.update(
+            failing=sorted(failing),
+            seconds=round(result.seconds, 2),
+            timed_out=result.timed_out,
+            restarts=result.restarts,
+            applied=result.applied,
+        )
+        if result.error:
+            row["status"] = "error"
+            row["error"] = result.error
+        else:
+            row["status"] = "killed" if failing else "equivalent"
+        log(
+            f"[{number}/{len(mutants)}] {m.ident}: {row['status']}, {len(failing)} failing "
+            f"of {len(result.outcomes)} run, {result.seconds:.1f} s"
+        )
+        if row["status"] != "killed":
+            rows.append(row)
+            continue
+        head = ml.commit_mutant(repo, base, m)
+        row["head"] = head
+        for budget in opts.budgets:
+            for label, idx in (("selector", None), ("selector+map", index)):
+                if label == "selector+map" and idx is None:
+                    continue
+                config = SelectorConfig(
+                    budget=Budget("fraction", budget), cache_dir=cache, agent=agent, coverage=idx
+                )
+                began = time.perf_counter()
+                plan, _change = select(repo, base, head, opts.specs or None, config)
+                seconds = time.perf_counter() - began
+                found, causes, ran, universe_size = score_plan(plan, failing)
+                row["results"][f"{label}@{budget}"] = {
+                    "found": sorted(found),
+                    "misses": causes,
+                    "tests": ran,
+                    "share": ran / universe_size if universe_size else 0.0,
+                    "seconds": round(seconds, 3),
+                    "ranking": plan.ranking.get("chosen", "hand"),
+                    "coverage": plan.coverage.get("used", "") if idx is not None else "",
+                }
+            if yardstick is not None:
+                row["results"][f"combo@{budget}"] = combo(
+                    yardstick, combo_state, m, failing, budget
+                )
+        rows.append(row)
+    return record(rows)
+
+
+def combo(
+    ys: ModuleType, state: dict[str, Any], m: ml.Mutant, failing: set[str], budget: float
+) -> dict[str, Any]:
+    """The yardstick's combo for the mutant's file, filled to ``budget`` of the test
+    functions; a failing test is in its plan when its file is."""
+    began = time.perf_counter()
+    universe, counts = state["universe"], state["counts"]
+    srcs = {m.target.file}
+    score = ys.cochange_scores(state["history"], srcs, set(universe), state["diffs"])
+    src_tokens = set().union(*(ys.tokens(s) for s in srcs))
+    for t in universe:
+        overlap = len(ys.tokens(t) & src_tokens)
+        if overlap:
+            score[t] = score.get(t, 0.0) + 0.25 * overlap
+    ranked = sorted(score, key=lambda t: (-score[t], t))
+    total = sum(counts.values())
+    picked = ys.fill(ranked, counts, budget * total, 0, "tests")
+    found = {t for t in failing if t.split("::", 1)[0] in picked}
+    causes = {
+        t: ("budget" if score.get(t.split("::", 1)[0], 0) > 0 else "file not reached")
+        for t in sorted(failing - found)
+    }
+    ran = sum(counts[f] for f in picked)
+    return {
+        "found": sorted(found),
+        "misses": causes,
+        "tests": ran,
+        "share": ran / total if total else 0.0,
+        "seconds": round(time.perf_counter() - began, 3),
+    }
+
+
+def figures(record: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per ``selector@budget``: caught, recall, mean share and tests, mean seconds, over the
+    mutants that failed at least one test."""
+    killed = [r for r in record["rows"] if r["status"] == "killed"]
+    keys = sorted({k for r in killed for k in r["results"]})
+    out: dict[str, dict[str, float]] = {}
+    for key in keys:
+        results = [r["results"][key] for r in killed if key in r["results"]]
+        failing = sum(len(r["failing"]) for r in killed if key in r["results"])
+        out[key] = {
+            "mutants": len(results),
+            "caught": sum(1 for x in results if x["found"]) / len(results),
+            "recall": sum(len(x["found"]) for x in results) / failing if failing else 0.0,
+            "mean_recall": statistics.mean(
+                len(r["results"][key]["found"]) / len(r["failing"])
+                for r in killed
+                if key in r["results"]
+            ),
+            "share": statistics.mean(x["share"] for x in results),
+            "tests": statistics.mean(x["tests"] for x in results),
+            "seconds": statistics.mean(x["seconds"] for x in results),
+        }
+    return out
+
+
+def print_report(record: dict[str, Any], out: Any = print) -> None:
+    rows = record["rows"]
+    by_status: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_status[r["status"]].append(r)
+    out(
+        f"\n{len(rows)} mutants: {len(by_status['killed'])} fail tests, "
+        f"{len(by_status['equivalent'])} fail nothing, {len(by_status['untested'])} reached "
+        f"by no test, {len(by_status['error'])} not applied"
+    )
+    table = figures(record)
+    budgets = sorted({float(k.rsplit("@", 1)[1]) for k in table})
+    names = sorted({k.rsplit("@", 1)[0] for k in table}, key=lambda n: (n == "combo", n))
+    out(f"\n{'budget':>7} {'selector':<14} {'caught':>8} {'recall':>8} {'per-mut':>8} "
+        f"{'tests':>8} {'share':>7} {'s/sel':>7}")  # fmt: skip
+    for budget in budgets:
+        for name in names:
+            f = table.get(f"{name}@{budget}")
+            if f is None:
+                continue
+            out(
+                f"{budget:>6.0%} {name:<14} {f['caught']:>8.3f} {f['recall']:>8.3f} "
+                f"{f['mean_recall']:>8.3f} {f['tests']:>8.1f} {f['share']:>7.3f} "
+                f"{f['seconds']:>7.2f}"
+            )
+        if "combo" in names and "selector" in names:
+            s, c = table[f"selector@{budget}"], table[f"combo@{budget}"]
+            out(
+                f"{'':>7} selector - combo: caught {s['caught'] - c['caught']:+.3f}, "
+                f"recall {s['recall'] - c['recall']:+.3f}"
+            )
+    for key, goal in GOALS.items():
+        metric, budget = key.split("@")
+        for name in names:
+            f = table.get(f"{name}@{budget}")
+            if f is not None:
+                verdict = "met" if f[metric] >= goal else "missed"
+                out(f"goal {metric} >= {goal} at {float(budget):.0%}: {name} {verdict}")
+    out("\nfailing tests missed, by cause:")
+    for key in sorted(table):
+        causes: dict[str, int] = defaultdict(int)
+        for r in by_status["killed"]:
+            for cause in r["results"].get(key, {}).get("misses", {}).values():
+                causes[cause] += 1
+        listed = ", ".join(f"{c} {n}" for c, n in sorted(causes.items())) or "none"
+        out(f"  {key}: {listed}")
+    out(
+        "recall: failing tests in the plan / failing tests; per-mut: the mean of it per mutant; "
+        "tests: mean tests in the plan; share: of the universe"
+    )
+    used: dict[str, int] = defaultdict(int)
+    for r in by_status["killed"]:
+        for key, result in r["results"].items():
+            if result.get("coverage"):
+                used[f"{key}: {result['coverage']}"] += 1
+    if used:
+        out("coverage map use: " + ", ".join(f"{k} {n}" for k, n in sorted(used.items())))
+    for r in by_status["killed"]:
+        if r.get("timed_out"):
+            out(f"cut at --timeout (truth partial): {r['ident']}, {len(r['failing'])} failing")
+    for status in ("equivalent", "untested", "error"):
+        for r in by_status[status]:
+            why = r.get("error", "")
+            out(f"{status}: {r['ident']} ({r['description']}) {why}".rstrip())
+
+
+def parse(argv: list[str]) -> Options:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("repo", type=Path, help="a git checkout at the base revision")
+    ap.add_argument("--python", default=sys.executable, help="the Python that runs its tests")
+    ap.add_argument("--installed", help="the tests import this package installed (torch)")
+    ap.add_argument("--count", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant's run")
+    ap.add_argument(
+        "--test-timeout", type=float, default=60.0, help="a test running longer hangs (crashed)"
+    )
+    ap.add_argument("--budgets", default="0.05,0.15")
+    ap.add_argument("--coverage", type=Path, help="a coverage map of the base revision")
+    ap.add_argument("--record-coverage", action="store_true", help="record the map first")
+    ap.add_argument("--scope", choices=("reached", "all"), default="reached")
+    ap.add_argument("--tests", action="append", default=[], help="test paths to run")
+    ap.add_argument("--spec", action="append", type=Path, default=[])
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--agent", default="none", choices=("none", "local"))
+    ap.add_argument("--yardstick", type=Path, help="the shared select_eval.py (for combo)")
+    ap.add_argument("--target", action="append", default=[], help="FILE::QUALNAME::OPERATOR")
+    ap.add_argument("--json", type=Path, help="write the record here")
+    ap.add_argument("--pytest-arg", action="append", default=[])
+    ap.add_argument("--baseline", type=Path, help="keep the unmutated outcomes here (JSON)")
+    ap.add_argument(
+        "--preload",
+        action="append",
+        default=[],
+        help="import this once in a fork server that forks each run (torch's testing helpers)",
+    )
+    args = ap.parse_args(argv)
+    if args.count < 1 or args.timeout <= 0 or args.test_timeout <= 0:
+        ap.error("--count, --timeout and --test-timeout must be positive")
+    if not (args.repo / ".git").exists():
+        ap.error(f"{args.repo} is not a git checkout")
+    budgets = tuple(float(b) for b in args.budgets.split(","))
+    if not all(0 < b <= 1 for b in budgets):
+        ap.error("--budgets are fractions in (0, 1]")
+    targets = []
+    for spec in args.target:
+        parts = spec.split("::")
+        if len(parts) != 3 or parts[2] not in ml.OPERATORS:
+            ap.error(f"--target {spec!r}: FILE::QUALNAME::OPERATOR ({', '.join(ml.OPERATORS)})")
+        targets.append((parts[0], parts[1], parts[2]))
+    opts = Options(
+        repo=args.repo.resolve(),
+        python=args.python,
+        installed=args.installed,
+        count=args.count,
+        seed=args.seed,
+        timeout=args.timeout,
+        test_timeout=args.test_timeout,
+        budgets=budgets,
+        coverage=args.coverage,
+        scope=args.scope,
+        tests=args.tests,
+        specs=[s.resolve() for s in args.spec],
+        backend=args.backend,
+        agent=args.agent,
+        yardstick=args.yardstick,
+        targets=targets,
+        pytest_args=args.pytest_arg,
+        json=args.json,
+        preload=args.preload,
+        baseline=args.baseline,
+    )
+    if args.record_coverage and opts.coverage is None:
+        opts.coverage = record_map(opts)
+    return opts
+
+
+def record_map(opts: Options) -> Path:
+    out = Path(tempfile.mkdtemp(prefix="bench-mutation-map-")) / "map.json.gz"
+    command = [
+        sys.executable, "-m", "ci_relay", "coverage", "record", "--upstream", str(opts.repo),
+        "--rev", opts.base, "-o", str(out), "--python", opts.python, "--",
+        *(opts.tests or []), *opts.pytest_args,
+    ]  # fmt: skip
+    subprocess.run(command, check=True, cwd=ROOT)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--load"] and len(args) == 2:  # print a saved record again
+        print_report(json.loads(Path(args[1]).read_text()))
+        return 0
+    opts = parse(args)
+    record = run(opts, log=lambda line: print(line, file=sys.stderr, flush=True))
+    print_report(record)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,604 @@
+"""Mutation machinery for ``bench/bench_mutation.py`` (issue 35): which functions to break,
+how to break one (a small edit of its source, made with ``ast`` positions so the rest of the
+file is untouched), running a repository's tests with the break applied in the test process
+(``bench/mutation_plugin.py`` swaps the function's code object, so every alias, wrapper and
+registration table that holds the function sees it), and the same break as a git commit for
+the selector.
+
+Operators (each changes behaviour when the function runs):
+
+- ``raise``: ``raise RuntimeError`` before the body's first statement;
+- ``return``: a ``return VALUE`` (chosen by the seed) returns the value with one element wrong
+  (``__mutation_perturb__``, supplied by the plugin: a tensor or array with its first element
+  changed, a graph without its last node, a number plus one, a bool negated, a sequence, set or
+  dict without one item, an iterator without its first item);
+- ``swap-args``: the first two positional arguments of a call (chosen by the seed) swapped;
+- ``off-by-one``: an integer constant plus one, or a comparison's bound moved (``<`` to
+  ``<=``, ``>`` to ``>=`` and back);
+- ``drop-keyword``: a keyword argument of a call removed.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import os
+import random
+import select
+import signal
+import subprocess
+import tempfile
+import textwrap
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+OPERATORS = ("raise", "return", "swap-args", "off-by-one", "drop-keyword")
+PERTURB = "__mutation_perturb__"
+SPEC_ENV = "MUTATION_PLUGIN_SPEC"
+FAILED = ("failed", "crashed")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A function of the code under test: where the repository has it and how it imports."""
+
+    file: str  # the repository's path of the file (the commit edits it)
+    qualname: str  # ``name`` or ``Class.name``
+    module: str  # the import name the tests reach it by
+
+    @property
+    def key(self) -> str:
+        return f"{self.file}::{self.qualname}"
+
+
+@dataclass
+class Edit:
+    """Replace the text between two ``(line, column)`` positions (1-based lines)."""
+
+    start: tuple[int, int]
+    end: tuple[int, int]
+    text: str
+
+    def apply(self, source: str) -> str:
+        return source[: offset(source, self.start)] + self.text + source[offset(source, self.end) :]
+
+
+def offset(source: str, pos: tuple[int, int]) -> int:
+    """The string index of an ``ast`` position (1-based line, UTF-8 byte column)."""
+    lines = source.splitlines(keepends=True)
+    before = sum(len(line) for line in lines[: pos[0] - 1])
+    line = lines[pos[0] - 1] if 0 < pos[0] <= len(lines) else ""
+    return before + len(line.encode()[: pos[1]].decode(errors="ignore"))
+
+
+@dataclass
+class Mutant:
+    target: Target
+    operator: str
+    description: str
+    runtime_source: str  # the mutated function (a def, dedented) the plugin compiles
+    runtime_file: str  # the file the tests import it from
+    commit_text: str  # the repository file with the same operator applied
+    ident: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["target"] = asdict(self.target)
+        out.pop("commit_text")
+        return out
+
+
+def _function_nodes(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Module-level functions and the methods of module-level classes, by qualified name."""
+    out: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            out[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            for sub in node.body:
+                if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef):
+                    out[f"{node.name}.{sub.name}"] = sub
+    return out
+
+
+def _body(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.stmt]:
+    body = list(node.body)
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
+        body = body[1:]
+    return body
+
+
+def _trivial(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    body = _body(node)
+    if not body:
+        return True
+    if len(body) == 1:
+        only = body[0]
+        if isinstance(only, ast.Pass):
+            return True
+        if isinstance(only, ast.Expr) and isinstance(only.value, ast.Constant):
+            return True  # ``...``
+        if isinstance(only, ast.Raise):
+            return True
+    return False
+
+
+def functions(text: str) -> list[str]:
+    """Qualified names of the functions of ``text`` worth mutating (not trivial, not
+    properties, the body on its own lines)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    out = []
+    for name, node in _function_nodes(tree).items():
+        decorators = {ast.unparse(d) for d in node.decorator_list}
+        if decorators & {"property", "overload", "typing.overload", "abstractmethod"}:
+            continue
+        if any(d.endswith((".setter", ".getter", ".deleter")) for d in decorators):
+            continue
+        if _trivial(node) or _body(node)[0].lineno == node.lineno:
+            continue
+        out.append(name)
+    return out
+
+
+def _inner(node: ast.AST) -> list[ast.AST]:
+    """The nodes of a function's body (not its signature or decorators), in source order."""
+    found: list[ast.AST] = []
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        for stmt in _body(node):
+            found.extend(ast.walk(stmt))
+    found.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
+    return found
+
+
+def _segment(text: str, node: ast.AST) -> str:
+    got = ast.get_source_segment(text, node)
+    return got if got is not None else ast.unparse(node)
+
+
+def _span(node: ast.AST) -> tuple[tuple[int, int], tuple[int, int]]:
+    end_line = node.end_lineno if node.end_lineno is not None else node.lineno  # type: ignore[attr-defined]
+    end_col = node.end_col_offset if node.end_col_offset is not None else 0  # type: ignore[attr-defined]
+    return (node.lineno, node.col_offset), (end_line, end_col)  # type: ignore[attr-defined]
+
+
+_FLIP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
+
+
+def _candidates(text: str, fn: ast.FunctionDef | ast.AsyncFunctionDef, operator: str) -> list[Edit]:
+    """Every edit ``operator`` can make in ``fn`` (positions in ``text``'s coordinates)."""
+    nodes = _inner(fn)
+    edits: list[Edit] = []
+    if operator == "raise":
+        first = _body(fn)[0]
+        indent = " " * first.col_offset
+        message = f"mutant: {fn.name} raises"
+        edits.append(
+            Edit(
+                (first.lineno, 0),
+                (first.lineno, 0),
+                f"{indent}raise RuntimeError({message!r})\n",
+            )
+        )
+    elif operator == "return":
+        for node in nodes:
+            if (
+                isinstance(node, ast.Return)
+                and node.value is not None
+                and not (isinstance(node.value, ast.Constant) and node.value.value is None)
+            ):
+                start, end = _span(node.value)
+                value = _segment(text, node.value)
+                if isinstance(node.value, ast.Tuple) and not value.startswith("("):
+                    value = f"({value})"  # ``return a, b``
+                edits.append(Edit(start, end, f"{PERTURB}({value})"))
+    elif operator == "swap-args":
+        for node in nodes:
+            if isinstance(node, ast.Call) and len(node.args) >= 2:
+                a, b = node.args[0], node.args[1]
+                if isinstance(a, ast.Starred) or isinstance(b, ast.Starred):
+                    continue
+                sa, sb = _segment(text, a), _segment(text, b)
+                if sa == sb:
+                    continue
+                start, a_end = _span(a)
+                b_start, end = _span(b)
+                edits.append(Edit(start, end, sb + _between(text, a_end, b_start) + sa))
+    elif operator == "off-by-one":
+        for node in nodes:
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, int)
+                and not isinstance(node.value, bool)
+            ):
+                start, end = _span(node)
+                edits.append(Edit(start, end, str(node.value + 1)))
+            elif isinstance(node, ast.Compare) and any(type(op) in _FLIP for op in node.ops):
+                flipped = ast.Compare(
+                    left=node.left,
+                    ops=[_FLIP[type(op)]() if type(op) in _FLIP else op for op in node.ops],
+                    comparators=node.comparators,
+                )
+                start, end = _span(node)
+                edits.append(Edit(start, end, ast.unparse(flipped)))
+    elif operator == "drop-keyword":
+        for node in nodes:
+            if isinstance(node, ast.Call):
+                for i, kw in enumerate(node.keywords):
+                    if kw.arg is None:
+                        continue
+                    call = ast.Call(
+                        func=node.func,
+                        args=node.args,
+                        keywords=[k for j, k in enumerate(node.keywords) if j != i],
+                    )
+                    start, end = _span(node)
+                    edits.append(Edit(start, end, ast.unparse(call)))
+    else:
+        raise ValueError(f"unknown operator {operator!r} (one of {', '.join(OPERATORS)})")
+    return edits
+
+
+def _between(text: str, start: tuple[int, int], end: tuple[int, int]) -> str:
+    return text[offset(text, start) : offset(text, end)]
+
+
+def mutate_text(text: str, qualname: str, operator: str, rng: random.Random) -> tuple[str, str]:
+    """``text`` with ``qualname`` broken by ``operator`` (one of its possible edits, chosen
+    by ``rng``) and a description of the edit; ValueError when the operator has nothing to
+    change there."""
+    tree = ast.parse(text)
+    node = _function_nodes(tree).get(qualname)
+    if node is None:
+        raise ValueError(f"no function {qualname}")
+    edits = _candidates(text, node, operator)
+    if not edits:
+        raise ValueError(f"{operator}: nothing to change in {qualname}")
+    edit = edits[rng.randrange(len(edits))]
+    mutated = edit.apply(text)
+    ast.parse(mutated)  # still Python
+    before = _between(text, edit.start, edit.end) if edit.start != edit.end else ""
+    line = edit.start[0]
+    what = f"line {line}: {before.strip()[:60]!r} -> {edit.text.strip()[:60]!r}"
+    return mutated, what
+
+
+def function_source(text: str, qualname: str) -> tuple[str, int]:
+    """The def of ``qualname`` (without its decorators), dedented, and its first line."""
+    node = _function_nodes(ast.parse(text)).get(qualname)
+    if node is None:
+        raise ValueError(f"no function {qualname}")
+    lines = text.splitlines(keepends=True)
+    end = node.end_lineno or node.lineno
+    return textwrap.dedent("".join(lines[node.lineno - 1 : end])), node.lineno
+
+
+def make_mutant(
+    target: Target,
+    runtime_file: Path,
+    commit_text: str,
+    operator: str,
+    seed: int,
+) -> Mutant:
+    """The mutant of ``target`` by ``operator``: on the source the tests import (compiled by
+    the plugin) and on the repository's file (the commit); their edits are chosen with the
+    same seed, so where both are the same text they are the same edit."""
+    runtime_text = runtime_file.read_text()
+    mutated, what = mutate_text(runtime_text, target.qualname, operator, random.Random(seed))
+    source, _line = function_source(mutated, target.qualname)
+    if commit_text == runtime_text:
+        committed = mutated
+    else:
+        committed, _ = mutate_text(commit_text, target.qualname, operator, random.Random(seed))
+    ident = f"{target.key}:{operator}:{seed}"
+    return Mutant(target, operator, what, source, str(runtime_file), committed, ident)
+
+
+def choose_targets(
+    candidates: list[Target], count: int, seed: int, exclude: set[str] | None = None
+) -> list[Target]:
+    """``count`` targets drawn with ``seed`` (sorted first, so the draw depends on the seed
+    and the candidates alone)."""
+    pool = sorted((t for t in candidates if t.key not in (exclude or set())), key=lambda t: t.key)
+    rng = random.Random(seed)
+    return rng.sample(pool, min(count, len(pool)))
+
+
+# --- running tests ------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    """What one pytest run recorded: ``outcomes`` per node id (``passed``, ``failed``,
+    ``skipped``, ``crashed``), the generic test id of each node, and how the run ended."""
+
+    outcomes: dict[str, str] = field(default_factory=dict)
+    generic: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    timed_out: bool = False
+    restarts: int = 0
+    error: str | None = None
+    applied: int = 0
+
+    def passed(self) -> set[str]:
+        return {n for n, o in self.outcomes.items() if o == "passed"}
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line torn by a kill
+    return out
+
+
+class Runner:
+    """Runs pytest for the bench (installed plugins not loaded unless ``autoload``): with
+    ``preload`` (modules such as torch's testing helpers),
+    through ``mutation_forkserver.py``, which imports them once and forks a child per run;
+    else a new process per run. ``close()`` stops the server."""
+
+    def __init__(
+        self,
+        python: str,
+        pythonpath: list[str] | None = None,
+        preload: list[str] | None = None,
+        autoload: bool = False,
+    ) -> None:
+        self.python = python
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([*(pythonpath or []), str(HERE), str(ROOT)]),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        self.env.pop("PYTEST_ADDOPTS", None)
+        self.env.pop(SPEC_ENV, None)
+        if not autoload:  # installed pytest plugins cost seconds per run; -p names what is needed
+            self.env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        self.preload = list(preload or [])
+        self.server: subprocess.Popen[str] | None = None
+
+    def _server(self) -> subprocess.Popen[str]:
+        if self.server is None or self.server.poll() is not None:
+            self.server = subprocess.Popen(
+                [self.python, "-P", str(HERE / "mutation_forkserver.py"), *self.preload],
+                env=self.env,
+                cwd=tempfile.gettempdir(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+            assert self.server.stdout is not None
+            ready = self.server.stdout.readline()
+            if not ready:
+                raise RuntimeError(f"the fork server did not start ({self.python})")
+        return self.server
+
+    def close(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            assert self.server.stdin is not None
+            self.server.stdin.close()
+            try:
+                self.server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.server.pid, signal.SIGKILL)
+                self.server.wait()
+        self.server = None
+
+    def once(
+        self,
+        args: list[str],
+        cwd: Path,
+        spec: Path,
+        log: Path,
+        out: Path,
+        limits: tuple[float, float],
+    ) -> tuple[int, str | None]:
+        """One pytest run; its exit code (negative: killed by that signal) and why it was
+        stopped: ``hang`` (no test ended for ``limits[1]`` seconds), ``timeout`` (the run
+        took ``limits[0]`` seconds) or None."""
+        total, per_test = limits
+        began = time.monotonic()
+        if not self.preload:
+            with out.open("wb") as sink:
+                proc = subprocess.Popen(
+                    [self.python, "-P", "-m", "pytest", *args],
+                    cwd=cwd,
+                    env={**self.env, SPEC_ENV: str(spec)},
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+                pid = proc.pid
+
+                def done() -> int | None:
+                    return proc.poll()
+
+                stopped = self._watch(pid, done, log, began, total, per_test)
+                return proc.wait(), stopped
+        server = self._server()
+        assert server.stdin is not None and server.stdout is not None
+        request = {"args": args, "cwd": str(cwd), "env": {SPEC_ENV: str(spec)}, "out": str(out)}
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        pid = json.loads(server.stdout.readline())["pid"]
+        reader = server.stdout
+
+        def ended() -> int | None:
+            ready, _, _ = select.select([reader], [], [], 0)
+            return 0 if ready else None
+
+        stopped = self._watch(pid, ended, log, began, total, per_test)
+        line = reader.readline()
+        if not line:
+            raise RuntimeError("the fork server died")
+        return int(json.loads(line)["status"]), stopped
+
+    @staticmethod
+    def _watch(
+        pid: int,
+        done: Any,
+        log: Path,
+        began: float,
+        total: float,
+        per_test: float,
+    ) -> str | None:
+        """Wait for the run; kill its process group when it hangs or runs out of time."""
+        seen, last = -1, time.monotonic()
+        while done() is None:
+            now = time.monotonic()
+            size = log.stat().st_size if log.exists() else 0
+            if size != seen:
+                seen, last = size, now
+            why = "timeout" if now - began > total else "hang" if now - last > per_test else None
+            if why:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                while done() is None:
+                    time.sleep(0.05)
+                return why
+            time.sleep(0.2)
+        return None
+
+    def run(
+        self,
+        cwd: Path,
+        root: Path,
+        pytest_args: list[str],
+        timeout: float,
+        mutant: Mutant | None = None,
+        restarts: int = 3,
+        test_timeout: float = 120.0,
+    ) -> RunResult:
+        """Run pytest with the mutation plugin (and ``mutant`` applied, if any), at most
+        ``timeout`` seconds in all. A run whose process dies, or whose test runs past
+        ``test_timeout``, records the test it was in as ``crashed`` and goes on without the
+        tests already recorded (at most ``restarts`` times), as the relay's runner does; a run
+        past ``timeout`` in all is cut there (the test it was in is not counted) and marked
+        ``timed_out``."""
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
+        result = RunResult()
+        began = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="mutation-run-") as scratch:
+            spec_path = Path(scratch) / "spec.json"
+            log = Path(scratch) / "outcomes.jsonl"
+            output = Path(scratch) / "output.txt"
+            skip: list[str] = []
+            for attempt in range(restarts + 1):
+                left = timeout - (time.monotonic() - began)
+                if left <= 1:
+                    result.timed_out = True
+                    break
+                spec = {
+                    "mutant": mutant.to_json() if mutant else None,
+                    "log": str(log),
+                    "root": str(root),
+                    "skip": skip,
+                }
+                spec_path.write_text(json.dumps(spec))
+                log.unlink(missing_ok=True)
+                args = [
+                    "-q", "-p", "no:cacheprovider", "-p", "mutation_plugin", "--no-header",
+                    "-o", "addopts=", *pytest_args,
+                ]  # fmt: skip
+                code, stopped = self.once(args, cwd, spec_path, log, output, (left, test_timeout))
+                current: str | None = None
+                for record in _read_lines(log):
+                    if "error" in record:
+                        result.error = record["error"]
+                    elif "applied" in record:
+                        result.applied = record["applied"]
+                    elif "start" in record:
+                        current = record["start"]
+                        result.generic[current] = record["test"]
+                    elif "outcome" in record:
+                        result.outcomes[record["nodeid"]] = record["outcome"]
+                        current = None
+                if result.error:
+                    break
+                if stopped == "timeout":
+                    result.timed_out = True
+                    break
+                died = stopped == "hang" or code < 0 or (current is not None and code != 0)
+                if not died:
+                    if code not in (0, 1, 5):
+                        text = output.read_text(errors="replace") if output.is_file() else ""
+                        tail = text.strip().splitlines()[-5:]
+                        result.error = f"pytest exit {code}: " + " | ".join(tail)
+                    break
+                if current is not None:
+                    result.outcomes[current] = "crashed"
+                if attempt == restarts:
+                    break
+                result.restarts += 1
+                skip = sorted(result.outcomes)
+        result.seconds = time.monotonic() - began
+        return result
+
+
+def failing_tests(baseline: RunResult, mutated: RunResult) -> set[str]:
+    """Generic ids (``FILE::Class::test``) of the tests with a variant that passed unmutated
+    and failed, errored or crashed with the mutant: the truth."""
+    out = set()
+    for nodeid in baseline.passed():
+        if mutated.outcomes.get(nodeid) in FAILED:
+            out.add(mutated.generic.get(nodeid) or baseline.generic.get(nodeid, nodeid))
+    return out
+
+
+# --- the same mutation as a commit ----------------------------------------------------------
+
+
+def _git(
+    repo: Path, *args: str, env: dict[str, str] | None = None, data: bytes | None = None
+) -> str:
+    proc = subprocess.run(
+        ["git", "-C", str(repo), *args], input=data, capture_output=True, check=True, env=env
+    )
+    return proc.stdout.decode().strip()
+
+
+def commit_mutant(repo: Path, base: str, mutant: Mutant) -> str:
+    """A commit on ``base`` whose only change is the mutant's file (git objects and a ref
+    under ``refs/mutation/``: the checkout and its index are untouched)."""
+    blob = _git(repo, "hash-object", "-w", "--stdin", data=mutant.commit_text.encode())
+    with tempfile.TemporaryDirectory(prefix="mutation-index-") as scratch:
+        env = {
+            **os.environ,
+            "GIT_INDEX_FILE": str(Path(scratch) / "index"),
+            "GIT_AUTHOR_NAME": "mutation",
+            "GIT_AUTHOR_EMAIL": "mutation@example.invalid",
+            "GIT_COMMITTER_NAME": "mutation",
+            "GIT_COMMITTER_EMAIL": "mutation@example.invalid",
+            "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+            "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
+        }
+        _git(repo, "read-tree", base, env=env)
+        mode = _git(repo, "ls-tree", base, "--", mutant.target.file).split()[0]
+        _git(repo, "update-index", "--cacheinfo", f"{mode},{blob},{mutant.target.file}", env=env)
+        tree = _git(repo, "write-tree", env=env)
+        message = f"{mutant.operator} in {mutant.target.qualname}\n\n{mutant.description}\n"
+        head = _git(repo, "commit-tree", tree, "-p", base, env=env, data=message.encode())
+    name = "".join(c if c.isalnum() else "-" for c in mutant.ident)[:180]
+    _git(repo, "update-ref", f"refs/mutation/{name}", head)
+    return head
