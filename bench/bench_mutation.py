@@ -373,11 +373,19 @@ def _run(
             restarts=result.restarts,
             applied=result.applied,
         )
+        if result.perturbed:
+            row["perturbed"] = result.perturbed
         if result.error:
             row["status"] = "error"
             row["error"] = result.error
+        elif failing:
+            row["status"] = "killed"
+        elif m.operator == "return" and result.perturbed and not result.perturbed["changed"]:
+            # the helper could not break what the function returned: no mutation ran
+            row["status"] = "unchanged"
+            row["error"] = "returned only " + ", ".join(result.perturbed["types"])
         else:
-            row["status"] = "killed" if failing else "equivalent"
+            row["status"] = "equivalent"
         log(
             f"[{number}/{len(mutants)}] {m.ident}: {row['status']}, {len(failing)} failing "
             f"of {len(result.outcomes)} run, {result.seconds:.1f} s"
@@ -480,7 +488,8 @@ def print_report(record: dict[str, Any], out: Any = print) -> None:
     out(
         f"\n{len(rows)} mutants: {len(by_status['killed'])} fail tests, "
         f"{len(by_status['equivalent'])} fail nothing, {len(by_status['untested'])} reached "
-        f"by no test, {len(by_status['error'])} not applied"
+        f"by no test, {len(by_status['unchanged'])} changed no value, "
+        f"{len(by_status['error'])} not applied"
     )
     table = figures(record)
     budgets = sorted({float(k.rsplit("@", 1)[1]) for k in table})
@@ -532,7 +541,7 @@ def print_report(record: dict[str, Any], out: Any = print) -> None:
     for r in by_status["killed"]:
         if r.get("timed_out"):
             out(f"cut at --timeout (truth partial): {r['ident']}, {len(r['failing'])} failing")
-    for status in ("equivalent", "untested", "error"):
+    for status in ("equivalent", "untested", "unchanged", "error"):
         for r in by_status[status]:
             why = r.get("error", "")
             out(f"{status}: {r['ident']} ({r['description']}) {why}".rstrip())

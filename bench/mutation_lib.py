@@ -332,6 +332,8 @@ class RunResult:
     restarts: int = 0
     error: str | None = None
     applied: int = 0
+    # the return operator's helper: calls that changed the value, calls that could not
+    perturbed: dict[str, Any] = field(default_factory=dict)
 
     def passed(self) -> set[str]:
         return {n for n, o in self.outcomes.items() if o == "passed"}
@@ -528,6 +530,12 @@ class Runner:
                         result.error = record["error"]
                     elif "applied" in record:
                         result.applied = record["applied"]
+                    elif "perturbed" in record:
+                        got = record["perturbed"]
+                        for k in ("changed", "unchanged"):
+                            result.perturbed[k] = result.perturbed.get(k, 0) + got[k]
+                        kinds = set(result.perturbed.get("types", [])) | set(got["types"])
+                        result.perturbed["types"] = sorted(kinds)
                     elif "start" in record:
                         current = record["start"]
                         result.generic[current] = record["test"]

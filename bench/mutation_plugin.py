@@ -36,8 +36,22 @@ from test_selection.coverage_recorder import generic_test_id
 PERTURB = "__mutation_perturb__"
 
 
+PERTURBED = {"changed": 0, "unchanged": 0, "types": set()}
+
+
 def perturb(value: Any) -> Any:
-    """``value`` with one element wrong (the ``return`` operator's helper)."""
+    """``value`` with one element wrong (the ``return`` operator's helper); counts the calls
+    that changed nothing (an empty value, a type it does not know), for the runner's record."""
+    out = _perturb(value)
+    if out is value:
+        PERTURBED["unchanged"] += 1
+        PERTURBED["types"].add(type(value).__qualname__)
+    else:
+        PERTURBED["changed"] += 1
+    return out
+
+
+def _perturb(value: Any) -> Any:
     if isinstance(value, bool):
         return not value
     if isinstance(value, int | float | complex):
@@ -133,13 +147,12 @@ def _originals(module: types.ModuleType, qualname: str, filename: str) -> list[t
     found: list[types.FunctionType] = []
 
     def matches(obj: object) -> bool:
-        code = getattr(obj, "__code__", None)
-        return (
-            isinstance(obj, types.FunctionType)
-            and code is not None
-            and code.co_qualname == qualname
-            and os.path.realpath(code.co_filename) == os.path.realpath(filename)
-        )
+        if not isinstance(obj, types.FunctionType):  # before any getattr: lazy modules import
+            return False
+        code = obj.__code__
+        return code.co_qualname == qualname and os.path.realpath(
+            code.co_filename
+        ) == os.path.realpath(filename)
 
     holder: Any = module
     parts = qualname.split(".")
@@ -216,6 +229,10 @@ class Recorder:
 
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
         self.write({"nodeid": nodeid, "outcome": self.outcome.pop(nodeid, "passed")})
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        types_ = sorted(PERTURBED["types"])  # type: ignore[call-overload]
+        self.write({"perturbed": {**PERTURBED, "types": types_}})
 
 
 def pytest_configure(config: pytest.Config) -> None:
