@@ -9,7 +9,7 @@ ranks those changes as it would without a map.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,9 +140,16 @@ def changed_functions(change: ChangeAnalysis) -> dict[str, list[Function]]:
 
 
 def use_map(
-    index: CoverageIndex, change: ChangeAnalysis, universe: set[TestId], repo: Repo
+    index: CoverageIndex,
+    change: ChangeAnalysis,
+    universe: set[TestId],
+    repo: Repo,
+    is_test: Callable[[str], bool] | None = None,
 ) -> CoverageUse:
-    """The reach of every universe test into the change's functions, as the map saw it."""
+    """The reach of every universe test into the change's functions, as the map saw it.
+    Functions of test files (``is_test``) are left out, as the backtest leaves them out of
+    past commits: an edited test is chosen for its edit, and a test a change edits executes
+    itself."""
     cmap = index.map
     behind = (
         None
@@ -152,6 +159,8 @@ def use_map(
     use = CoverageUse(cmap.revision, cmap.recorded_at, behind)
     targets: list[Function] = []
     for symbol, names in changed_functions(change).items():
+        if is_test is not None and is_test(symbol.partition(":")[0]):
+            continue
         use.changed.append(symbol)
         found = [f for file, name in names for f in index.resolve(file, name)]
         if found:

@@ -353,7 +353,13 @@ def select(
         )
     coverage: CoverageUse | None = None
     if config.coverage is not None:
-        coverage = use_map(config.coverage, change, universe, repo)
+        coverage = use_map(
+            config.coverage,
+            change,
+            universe,
+            repo,
+            lambda path: is_test_path(path, layout.patterns),
+        )
         notes.append(coverage.note())
     learned = learn(config.observations, universe) if config.observations else Learned()
     failures = dict(config.failure_history)

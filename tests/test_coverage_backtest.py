@@ -14,7 +14,7 @@ from test_selection.selector import SelectorConfig, select
 from test_selection.types import Budget, TestPlan
 from tests.conftest import CliResult
 from tests.gitrepo import GitRepo
-from tests.test_coverage_map import OTHER, N, _record, dispatcher
+from tests.test_coverage_map import CORE, LARGE, OTHER, N, _record, _upstream, dispatcher
 
 FIXES = 56  # past commits that each fix one implementation and its test: past one anchor
 
@@ -126,3 +126,36 @@ def test_a_map_that_points_at_the_wrong_tests_is_not_used(tmp_path: Path) -> Non
     # the map's reach is still reported, but it moved nothing
     assert plan.coverage["known_functions"] == ["pkg/core.py:_impl_23"]
     assert all(e.source != "coverage" for i in plan.selected for e in i.evidence)
+
+
+def test_functions_of_test_files_are_not_changed_functions_to_the_map(tmp_path: Path) -> None:
+    repo, base = _upstream(tmp_path)
+    cmap = CoverageMap("example/dispatcher", base)
+    for i in range(N):
+        cmap.add(
+            f"tests/test_core.py::test_case_{i:02d}",
+            {
+                ("pkg/core.py", "dispatch"): 1,
+                ("pkg/core.py", f"_impl_{i}"): 2,
+                ("tests/test_core.py", f"test_case_{i:02d}"): 1,
+            },
+        )
+    # the change fixes implementation 23 and edits test 5: only the first is the map's to say
+    repo.commit(
+        "fix 23, reword 5",
+        {
+            "pkg/core.py": CORE.replace("n * 25\n", "n * 25 + 0\n"),
+            "tests/test_core.py": LARGE.replace("dispatch(5) == 5 * 7", "dispatch(5) == 35"),
+        },
+        dedent=False,
+    )
+    plan = _plan(repo, tmp_path, cmap)
+    assert plan.coverage["changed_functions"] == 1, plan.coverage
+    assert plan.coverage["known_functions"] == ["pkg/core.py:_impl_23"]
+    assert plan.coverage["tests_reached"] == 1
+    # the edited test runs for its edit, the fixed implementation's test through the map
+    chosen = {i.test.nodeid: i for i in plan.selected}
+    assert set(chosen) == {"tests/test_core.py::test_case_05", "tests/test_core.py::test_case_23"}
+    assert [e.source for e in chosen["tests/test_core.py::test_case_05"].evidence].count(
+        "coverage"
+    ) == 0
