@@ -62,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 import mutation_lib as ml  # noqa: E402
+from bench_selection_history import load_yardstick  # noqa: E402
 
 from test_selection.coverage_map import CoverageIndex, CoverageMap  # noqa: E402
 from test_selection.selector import SelectorConfig, select  # noqa: E402
@@ -96,15 +97,6 @@ class Options:
     preload: list[str] = field(default_factory=list)  # modules the fork server imports
     baseline: Path | None = None  # unmutated outcomes kept per file
     json: Path | None = None
-
-
-def load_yardstick(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("select_eval", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot load the yardstick {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _git(repo: Path, *args: str) -> str:

@@ -129,6 +129,15 @@ class LearnedRanking:
         return FileScores(scores, reasons)
 
 
+def mean_log_rank(
+    positions: Sequence[Mapping[str, int]], test_files: Sequence[str]
+) -> dict[str, float]:
+    """Rankings as one score: the files by the mean log of their ranks, so a file either
+    ranking puts near the top stays near it. Positive: a file no ranking has evidence for
+    still has a place in the order."""
+    return {f: math.exp(-0.5 * sum(math.log1p(p[f]) for p in positions)) for f in test_files}
+
+
 def rank_positions(scores: dict[str, float], test_files: Sequence[str]) -> dict[str, int]:
     """0-based rank of each file, best first; ties broken by path so rankings are stable."""
     order = sorted(test_files, key=lambda f: (-scores.get(f, 0.0), f))
@@ -202,8 +211,7 @@ class Blend:
     ) -> FileScores:
         ranked = [p.rank(history, at, sources, test_files, explain) for p in self.parts]
         positions = [rank_positions(r.scores, test_files) for r in ranked]
-        # positive (a file no ranking has evidence for still has a place in the order)
-        scores = {f: math.exp(-0.5 * sum(math.log1p(p[f]) for p in positions)) for f in test_files}
+        scores = mean_log_rank(positions, test_files)
         reasons: dict[str, str] = {}
         if explain:
             for f in test_files:
@@ -235,9 +243,8 @@ class CoverageBoost:
         test_files: Sequence[str],
         explain: bool = False,
     ) -> FileScores:
-        return boost(
-            self.base.rank(history, at, sources, test_files, explain), self.reach, test_files
-        )
+        ranked = self.base.rank(history, at, sources, test_files, explain)
+        return boost(ranked, self.reach, test_files, explain)
 
 
 def boost(
@@ -253,10 +260,7 @@ def boost(
     by_map = sorted((f for f in test_files if f in reach), key=lambda f: (-reach[f], f))
     place = {f: k for k, f in enumerate(by_map)}
     last = len(by_map)
-    scores = {
-        f: math.exp(-0.5 * (math.log1p(base[f]) + math.log1p(place.get(f, last))))
-        for f in test_files
-    }
+    scores = mean_log_rank([base, {f: place.get(f, last) for f in test_files}], test_files)
     reasons = dict(ranked.reasons)
     if explain:
         for f in by_map:

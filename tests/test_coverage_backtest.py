@@ -68,6 +68,20 @@ def _history(tmp_path: Path) -> tuple[GitRepo, str]:
     return repo, base
 
 
+def _dispatch_map(base: str, shift: int = 0, own_test: bool = False) -> CoverageMap:
+    """A map written by hand: implementation i executed by test i + ``shift`` (through the
+    dispatcher), and with ``own_test`` each test executing its own function too, as the
+    recorder sees it."""
+    cmap = CoverageMap("example/dispatcher", base)
+    for i in range(N):
+        test = f"test_case_{(i + shift) % N:02d}"
+        functions = {("pkg/core.py", "dispatch"): 1, ("pkg/core.py", f"_impl_{i}"): 2}
+        if own_test:
+            functions[("tests/test_core.py", test)] = 1
+        cmap.add(f"tests/test_core.py::{test}", functions)
+    return cmap
+
+
 def _plan(repo: GitRepo, tmp_path: Path, cmap: CoverageMap | None) -> TestPlan:
     config = SelectorConfig(
         budget=Budget.parse("5%"),
@@ -111,12 +125,7 @@ def test_the_backtest_uses_a_map_that_finds_the_edited_tests_of_past_commits(
 def test_a_map_that_points_at_the_wrong_tests_is_not_used(tmp_path: Path) -> None:
     repo, base = _history(tmp_path)
     # each implementation "reached" by its neighbour's test: wrong on every past commit
-    wrong = CoverageMap("example/dispatcher", base)
-    for i in range(N):
-        wrong.add(
-            f"tests/test_core.py::test_case_{(i + 1) % N:02d}",
-            {("pkg/core.py", "dispatch"): 1, ("pkg/core.py", f"_impl_{i}"): 2},
-        )
+    wrong = _dispatch_map(base, shift=1)
     plain = _plan(repo, tmp_path / "plain", None)
     plan = _plan(repo, tmp_path / "wrong", wrong)
     assert plan.ranking["coverage"] == "", plan.ranking
@@ -130,16 +139,7 @@ def test_a_map_that_points_at_the_wrong_tests_is_not_used(tmp_path: Path) -> Non
 
 def test_functions_of_test_files_are_not_changed_functions_to_the_map(tmp_path: Path) -> None:
     repo, base = _upstream(tmp_path)
-    cmap = CoverageMap("example/dispatcher", base)
-    for i in range(N):
-        cmap.add(
-            f"tests/test_core.py::test_case_{i:02d}",
-            {
-                ("pkg/core.py", "dispatch"): 1,
-                ("pkg/core.py", f"_impl_{i}"): 2,
-                ("tests/test_core.py", f"test_case_{i:02d}"): 1,
-            },
-        )
+    cmap = _dispatch_map(base, own_test=True)
     # the change fixes implementation 23 and edits test 5: only the first is the map's to say
     repo.commit(
         "fix 23, reword 5",
