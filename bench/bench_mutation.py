@@ -20,7 +20,8 @@ Two kinds of repository:
 
 - a Python repository whose tests import its own package from the checkout (networkx): the
   functions are those of its package, the tests of a mutant are the test files the coverage
-  map says reached the function (``--scope reached``; ``--scope all`` runs every test, the
+  map says reached the function (``--scope reached``; ``--scope tests`` only the tests it
+  says executed it, for files of thousands of tests; ``--scope all`` runs every test, the
   whole truth at the whole suite's cost), run with ``--python`` (its own environment);
 
       python bench/bench_mutation.py $SCRATCH/networkx --python $VENV/bin/python \\
@@ -42,6 +43,7 @@ coverage record`` first) also chooses the functions: only those a test executed.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import random
@@ -84,7 +86,7 @@ class Options:
     test_timeout: float = 60.0
     budgets: tuple[float, ...] = BUDGETS
     coverage: Path | None = None
-    scope: str = "reached"  # or "all"
+    scope: str = "reached"  # the reached files; "tests": only the reached tests; "all"
     tests: list[str] = field(default_factory=list)  # test paths (scope all / no map)
     specs: list[Path] = field(default_factory=list)
     backend: str = "cpu"
@@ -189,11 +191,11 @@ def draw(
     return mutants, notes
 
 
-def reached_files(index: CoverageIndex | None, target: ml.Target) -> set[str]:
+def reached_tests(index: CoverageIndex | None, target: ml.Target) -> set[str]:
+    """The generic ids of the tests the map says executed the function."""
     if index is None:
         return set()
-    functions = index.resolve(target.file, target.qualname)
-    return {test.split("::", 1)[0] for test in index.reaches(functions)}
+    return set(index.reaches(index.resolve(target.file, target.qualname)))
 
 
 def test_command(opts: Options, files: list[str]) -> list[str]:
@@ -240,30 +242,46 @@ def run(opts: Options, log: Any = print) -> dict[str, Any]:
     python_path = [] if opts.installed else [str(repo), *([str(repo / "src")])]
     # the tests of each mutant
     per_mutant: dict[str, list[str]] = {}
+    only: dict[str, set[str]] | None = {} if opts.scope == "tests" and index is not None else None
     for m in mutants:
         if opts.scope == "all" or index is None:
             per_mutant[m.ident] = list(opts.tests) or ["."]
         else:
-            files = sorted(reached_files(index, m.target))
+            tests = reached_tests(index, m.target)
             if opts.tests:
-                files = [f for f in files if any(f.startswith(t) for t in opts.tests)]
-            per_mutant[m.ident] = files
+                tests = {t for t in tests if any(t.startswith(p) for p in opts.tests)}
+            per_mutant[m.ident] = sorted({t.split("::", 1)[0] for t in tests})
+            if only is not None:
+                only[m.ident] = tests
     everything = sorted({f for files in per_mutant.values() for f in files})
     cwd = Path(tempfile.mkdtemp(prefix="bench-mutation-"))
     runner = ml.Runner(opts.python, python_path, opts.preload)
     try:
-        return _run(opts, runner, cwd, base, index, mutants, notes, per_mutant, everything, log)
+        return _run(
+            opts, runner, cwd, base, index, mutants, notes, (per_mutant, only), everything, log
+        )
     finally:
         runner.close()
 
 
 def unmutated(
-    opts: Options, runner: ml.Runner, cwd: Path, base: str, files: list[str], mutants: int
+    opts: Options,
+    runner: ml.Runner,
+    cwd: Path,
+    base: str,
+    files: list[str],
+    mutants: int,
+    only: set[str] | None = None,
 ) -> ml.RunResult:
-    """The outcomes of ``files`` unmutated; with ``opts.baseline``, kept there per file for
-    the next run at the same revision and command (only the files it lacks run)."""
-    key = json.dumps([base, opts.python, opts.specs and [str(p) for p in opts.specs],
-                      opts.backend, opts.installed, opts.pytest_args], default=str)  # fmt: skip
+    """The outcomes of ``files`` unmutated (only the tests ``only`` names, if given); with
+    ``opts.baseline``, kept there per file for the next run at the same revision and command
+    (only the files it lacks run)."""
+    tests = hashlib.sha256(json.dumps(sorted(only)).encode()).hexdigest() if only else None
+    specs = [str(p) for p in opts.specs]
+    key = json.dumps(
+        [base, opts.python, specs, opts.backend, opts.installed, opts.pytest_args, tests],
+        default=str,
+    )
     kept: dict[str, Any] = {}
     if opts.baseline is not None and opts.baseline.is_file():
         data = json.loads(opts.baseline.read_text())
@@ -277,6 +295,7 @@ def unmutated(
             test_command(opts, missing),
             timeout=max(opts.timeout * mutants, 600.0),
             test_timeout=opts.test_timeout,
+            only=only,
         )
         if fresh.error:
             raise SystemExit(f"the unmutated run failed: {fresh.error}")
@@ -304,12 +323,14 @@ def _run(
     index: CoverageIndex | None,
     mutants: list[ml.Mutant],
     notes: list[str],
-    per_mutant: dict[str, list[str]],
+    scope: tuple[dict[str, list[str]], dict[str, set[str]] | None],
     everything: list[str],
     log: Any,
 ) -> dict[str, Any]:
     repo = opts.repo
-    baseline = unmutated(opts, runner, cwd, base, everything, len(mutants))
+    per_mutant, only = scope
+    wanted = set().union(*only.values()) if only else None
+    baseline = unmutated(opts, runner, cwd, base, everything, len(mutants), wanted)
     log(
         f"baseline: {len(baseline.outcomes)} tests of {len(everything)} files, "
         f"{len(baseline.passed())} passed, {baseline.seconds:.1f} s"
@@ -355,7 +376,13 @@ def _run(
             log(f"[{number}/{len(mutants)}] {m.ident}: no test reached it")
             continue
         result = runner.run(
-            cwd, repo, test_command(opts, files), opts.timeout, m, test_timeout=opts.test_timeout
+            cwd,
+            repo,
+            test_command(opts, files),
+            opts.timeout,
+            m,
+            test_timeout=opts.test_timeout,
+            only=only[m.ident] if only is not None else None,
         )
         failing = ml.failing_tests(baseline, result)
         row.update(
@@ -539,6 +566,23 @@ def print_report(record: dict[str, Any], out: Any = print) -> None:
             out(f"{status}: {r['ident']} ({r['description']}) {why}".rstrip())
 
 
+def whole_file_spec(repo: Path, files: list[str], dtypes: str) -> Path:
+    """A reuse spec that runs every test of ``files`` (each must be in the checkout), with
+    ``dtypes`` as its supported dtypes; written to a temporary folder."""
+    for f in files:
+        if f.startswith("/") or ".." in Path(f).parts or not (repo / f).is_file():
+            raise SystemExit(f"--reuse-file {f}: no such test file in {repo}")
+    lines = ["test_suite_config:", "  files:"]
+    for f in files:
+        lines += [f"    - path: ${{TORCH_ROOT}}/{f}", "      unlisted_test_mode: mandatory_success"]
+    names = [d.strip() for d in dtypes.split(",") if d.strip()]
+    if names:
+        lines += ["  global:", "    supported_dtypes:", *(f"      - name: {d}" for d in names)]
+    out = Path(tempfile.mkdtemp(prefix="bench-mutation-spec-")) / "spec.yaml"
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
 def parse(argv: list[str]) -> Options:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("repo", type=Path, help="a git checkout at the base revision")
@@ -553,9 +597,25 @@ def parse(argv: list[str]) -> Options:
     ap.add_argument("--budgets", default="0.05,0.15")
     ap.add_argument("--coverage", type=Path, help="a coverage map of the base revision")
     ap.add_argument("--record-coverage", action="store_true", help="record the map first")
-    ap.add_argument("--scope", choices=("reached", "all"), default="reached")
+    ap.add_argument(
+        "--scope",
+        choices=("reached", "tests", "all"),
+        default="reached",
+        help="run the files the map says reached the function (reached), only the tests it "
+        "says executed it (tests: for files of thousands of tests), or every test (all)",
+    )
     ap.add_argument("--tests", action="append", default=[], help="test paths to run")
     ap.add_argument("--spec", action="append", type=Path, default=[])
+    ap.add_argument(
+        "--reuse-file",
+        action="append",
+        default=[],
+        help="an upstream test file the bench's own spec reuses whole (repeat; instead of "
+        "--spec: the tests it runs, records and selects from)",
+    )
+    ap.add_argument(
+        "--dtypes", default="", help="that spec's supported dtypes, comma-separated (default all)"
+    )
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--agent", default="none", choices=("none", "local"))
     ap.add_argument("--yardstick", type=Path, help="the shared select_eval.py (for combo)")
@@ -577,6 +637,12 @@ def parse(argv: list[str]) -> Options:
     budgets = tuple(float(b) for b in args.budgets.split(","))
     if not all(0 < b <= 1 for b in budgets):
         ap.error("--budgets are fractions in (0, 1]")
+    specs = [s.resolve() for s in args.spec]
+    if args.reuse_file:
+        if specs:
+            ap.error("--reuse-file writes the bench's own spec: give it or --spec, not both")
+        specs = [whole_file_spec(args.repo.resolve(), args.reuse_file, args.dtypes)]
+        args.tests = args.tests or list(args.reuse_file)
     targets = []
     for spec in args.target:
         parts = spec.split("::")
@@ -595,7 +661,7 @@ def parse(argv: list[str]) -> Options:
         coverage=args.coverage,
         scope=args.scope,
         tests=args.tests,
-        specs=[s.resolve() for s in args.spec],
+        specs=specs,
         backend=args.backend,
         agent=args.agent,
         yardstick=args.yardstick,
@@ -614,7 +680,8 @@ def record_map(opts: Options) -> Path:
     out = Path(tempfile.mkdtemp(prefix="bench-mutation-map-")) / "map.json.gz"
     command = [
         sys.executable, "-m", "ci_relay", "coverage", "record", "--upstream", str(opts.repo),
-        "--rev", opts.base, "-o", str(out), "--python", opts.python, "--",
+        "--rev", opts.base, "-o", str(out), "--python", opts.python,
+        *(["--installed", opts.installed] if opts.installed else []), "--",
         *(opts.tests or []), *opts.pytest_args,
     ]  # fmt: skip
     subprocess.run(command, check=True, cwd=ROOT)

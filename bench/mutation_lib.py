@@ -332,6 +332,8 @@ class RunResult:
     restarts: int = 0
     error: str | None = None
     applied: int = 0
+    # files that failed to collect (a mutant run at import): their tests did not run
+    collect_errors: set[str] = field(default_factory=set)
     # the return operator's helper: calls that changed the value, calls that could not
     perturbed: dict[str, Any] = field(default_factory=dict)
 
@@ -490,13 +492,16 @@ class Runner:
         mutant: Mutant | None = None,
         restarts: int = 3,
         test_timeout: float = 120.0,
+        only: set[str] | None = None,
     ) -> RunResult:
         """Run pytest with the mutation plugin (and ``mutant`` applied, if any), at most
         ``timeout`` seconds in all. A run whose process dies, or whose test runs past
         ``test_timeout``, records the test it was in as ``crashed`` and goes on without the
         tests already recorded (at most ``restarts`` times), as the relay's runner does; a run
         past ``timeout`` in all is cut there (the test it was in is not counted) and marked
-        ``timed_out``."""
+        ``timed_out``. ``only`` (generic ids) runs just those tests of the files. A file that
+        fails to collect is recorded in ``collect_errors`` (pytest's exit 2 is then no
+        error of the run: with a mutant, its tests count as failing)."""
         if timeout <= 0:
             raise ValueError("timeout must be positive")
         result = RunResult()
@@ -516,18 +521,21 @@ class Runner:
                     "log": str(log),
                     "root": str(root),
                     "skip": skip,
+                    "only": sorted(only) if only is not None else None,
                 }
                 spec_path.write_text(json.dumps(spec))
                 log.unlink(missing_ok=True)
                 args = [
                     "-q", "-p", "no:cacheprovider", "-p", "mutation_plugin", "--no-header",
-                    "-o", "addopts=", *pytest_args,
+                    "-o", "addopts=", "--continue-on-collection-errors", *pytest_args,
                 ]  # fmt: skip
                 code, stopped = self.once(args, cwd, spec_path, log, output, (left, test_timeout))
                 current: str | None = None
                 for record in _read_lines(log):
                     if "error" in record:
                         result.error = record["error"]
+                    elif "collect_error" in record:
+                        result.collect_errors.add(record["collect_error"])
                     elif "applied" in record:
                         result.applied = record["applied"]
                     elif "perturbed" in record:
@@ -549,7 +557,7 @@ class Runner:
                     break
                 died = stopped == "hang" or code < 0 or (current is not None and code != 0)
                 if not died:
-                    if code not in (0, 1, 5):
+                    if code not in (0, 1, 5) and not (code == 2 and result.collect_errors):
                         text = output.read_text(errors="replace") if output.is_file() else ""
                         tail = text.strip().splitlines()[-5:]
                         result.error = f"pytest exit {code}: " + " | ".join(tail)
@@ -566,10 +574,12 @@ class Runner:
 
 def failing_tests(baseline: RunResult, mutated: RunResult) -> set[str]:
     """Generic ids (``FILE::Class::test``) of the tests with a variant that passed unmutated
-    and failed, errored or crashed with the mutant: the truth."""
+    and failed, errored or crashed with the mutant, or whose file the mutant kept from
+    collecting: the truth."""
     out = set()
     for nodeid in baseline.passed():
-        if mutated.outcomes.get(nodeid) in FAILED:
+        now = mutated.outcomes.get(nodeid)
+        if now in FAILED or (now is None and nodeid.split("::", 1)[0] in mutated.collect_errors):
             out.add(mutated.generic.get(nodeid) or baseline.generic.get(nodeid, nodeid))
     return out
 

@@ -1,6 +1,7 @@
 """The pytest plugin of ``bench/bench_mutation.py`` (``-p mutation_plugin``, this folder and
 the repository on ``PYTHONPATH``), configured by the JSON file ``$MUTATION_PLUGIN_SPEC``
-names: ``{"mutant": {...} | null, "log": FILE, "root": DIR, "skip": [node ids]}``.
+names: ``{"mutant": {...} | null, "log": FILE, "root": DIR, "skip": [node ids],
+"only": [generic ids] | null}``.
 
 With a mutant, before collection it imports the mutant's module, finds the function (through
 decorator wrappers' ``__wrapped__``, a class's ``__dict__``, and else every function object of
@@ -11,8 +12,9 @@ tables run the mutant too. The installed files are never edited.
 Every run (with or without a mutant) appends to the log, one JSON line each: the mutant applied
 (``{"applied": N}``) or why not (``{"error": ...}``, and the run stops), each test's start
 (``{"start": nodeid, "test": generic id}``) and its outcome (``{"nodeid", "outcome"}``:
-``passed``, ``failed``, ``skipped``). The runner reads a started test with no outcome as the
-one that hung or crashed the process.
+``passed``, ``failed``, ``skipped``), and each file that failed to collect
+(``{"collect_error": file}``). The runner reads a started test with no outcome as the one
+that hung or crashed the process. ``"only"`` (generic ids) keeps just those tests.
 """
 
 from __future__ import annotations
@@ -198,6 +200,8 @@ class Recorder:
         self.log = Path(spec["log"])
         self.root = Path(spec["root"])
         self.skip = set(spec.get("skip") or ())
+        only = spec.get("only")  # generic ids: the tests a map says reached the function
+        self.only = set(only) if only is not None else None
         self.outcome: dict[str, str] = {}
 
     def write(self, record: dict[str, Any]) -> None:
@@ -210,10 +214,21 @@ class Recorder:
     def pytest_collection_modifyitems(
         self, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
-        if self.skip:
-            kept = [i for i in items if i.nodeid not in self.skip]
-            config.hook.pytest_deselected(items=[i for i in items if i.nodeid in self.skip])
+        only = self.only
+
+        def wanted(item: pytest.Item) -> bool:
+            if item.nodeid in self.skip:
+                return False
+            return only is None or generic_test_id(item, self.root) in only
+
+        if self.skip or only is not None:
+            kept = [i for i in items if wanted(i)]
+            config.hook.pytest_deselected(items=[i for i in items if not wanted(i)])
             items[:] = kept
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:  # a module the mutant broke at import: its tests count as failing
+            self.write({"collect_error": report.nodeid.split("::", 1)[0]})
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:

@@ -198,3 +198,41 @@ def test_the_runner_counts_a_hang_and_a_crash_as_failing_and_goes_on(
             "test_core.py::test_b",
             "test_core.py::test_c",
         }
+
+
+def test_a_mutant_that_breaks_a_test_module_at_import_fails_its_tests(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    """A mutant run while a test module is imported stops its collection: pytest exits 2, and
+    the module's tests (passed unmutated) are the truth, not an error of the run; ``only``
+    runs just the tests named."""
+    ml = sys.modules["mutation_lib"]
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "__init__.py").write_text("")
+    code = "def table():\n    return {'a': 1}\n\n\ndef step(x):\n    return x + 1\n"
+    (repo / "pkg" / "core.py").write_text(code)
+    (repo / "test_table.py").write_text(
+        "from pkg.core import table\n\nTABLE = table()\n\n"
+        "def test_t():\n    assert TABLE['a'] == 1\n"
+    )
+    (repo / "test_step.py").write_text(
+        "from pkg.core import step\n\n"
+        "def test_a():\n    assert step(1) == 2\n\n"
+        "def test_b():\n    assert step(2) == 3\n"
+    )
+    target = ml.Target("pkg/core.py", "table", "pkg.core")
+    mutant = ml.make_mutant(target, repo / "pkg/core.py", code, "raise", 0)
+    runner = ml.Runner(sys.executable, [str(repo)])
+    args = [str(repo / "test_table.py"), str(repo / "test_step.py"), f"--rootdir={repo}"]
+    try:
+        baseline = runner.run(tmp_path, repo, args, timeout=60)
+        result = runner.run(tmp_path, repo, args, timeout=60, mutant=mutant)
+        narrowed = runner.run(tmp_path, repo, args, timeout=60, only={"test_step.py::test_b"})
+    finally:
+        runner.close()
+    assert len(baseline.passed()) == 3 and not baseline.collect_errors
+    assert result.error is None and result.collect_errors == {"test_table.py"}
+    assert result.outcomes == {"test_step.py::test_a": "passed", "test_step.py::test_b": "passed"}
+    assert ml.failing_tests(baseline, result) == {"test_table.py::test_t"}
+    assert narrowed.outcomes == {"test_step.py::test_b": "passed"}, narrowed

@@ -66,6 +66,14 @@ def record(
             "pytest and its test dependencies); default: this one."
         ),
     ] = None,
+    installed: Annotated[
+        str | None,
+        typer.Option(
+            help="The tests import this top-level package installed, not from the checkout "
+            "(PyTorch's tests import the built torch; its Python files are recorded under the "
+            "checkout's names). Default: the checkout's packages come first on the path."
+        ),
+    ] = None,
 ) -> None:
     """Record which functions each test executes (arguments after -- go to pytest)."""
     from test_selection.coverage_map import CoverageMap, CoverageMapError
@@ -78,6 +86,8 @@ def record(
     target = (output or Path(f"coverage-{sha[:12]}.json.gz")).resolve()
     interpreter = str(python) if python is not None else sys.executable
     name = repository or repository_name(upstream)
+    if installed is not None and not installed.isidentifier():
+        raise _fail(f"--installed {installed!r}: not a package name")
     with tempfile.TemporaryDirectory(prefix="ci-relay-coverage-") as scratch:
         tree = Path(scratch) / "tree"
         try:
@@ -86,7 +96,7 @@ def record(
             raise _fail(str(exc)) from None
         try:
             code, seconds = _run_pytest(
-                tree, target, name, sha, backend, ctx.args, timeout, interpreter
+                tree, target, name, sha, backend, ctx.args, timeout, interpreter, installed
             )
         finally:
             subprocess.run(
@@ -139,12 +149,17 @@ def _run_pytest(
     args: list[str],
     timeout: float,
     python: str = sys.executable,
+    installed: str | None = None,
 ) -> tuple[int, float]:
     """Plain pytest in the worktree with the recorder; the package importable from the tree
-    (flat or src/ layout) ahead of any installed copy. Another Python gets the recorder from
-    a folder holding only ``test_selection`` (nothing else of this project shadows the
-    repository's own modules)."""
+    (flat or src/ layout) ahead of any installed copy, unless ``installed`` names the package
+    the tests import installed (then neither the tree nor the working folder is on the path,
+    and that package's installed files count as the tree's). Another Python gets the
+    recorder from a folder holding only ``test_selection`` (nothing else of this project
+    shadows the repository's own modules)."""
     paths = [str(tree), *([str(tree / "src")] if (tree / "src").is_dir() else [])]
+    if installed is not None:
+        paths = []
     if python != sys.executable:
         plugin = tree.parent / "plugin"
         plugin.mkdir(exist_ok=True)
@@ -157,8 +172,10 @@ def _run_pytest(
     env.pop("PYTEST_ADDOPTS", None)
     if python != sys.executable:
         _check_interpreter(python, env)
+    keep = ["-P"] if installed is not None else []  # -P: the working folder not on the path
+    packages = ["--coverage-package", installed] if installed is not None else []
     command = [
-        python, "-m", "pytest", "-p", "test_selection.coverage_recorder",
+        python, *keep, "-m", "pytest", "-p", "test_selection.coverage_recorder", *packages,
         "--record-coverage", str(target), "--coverage-root", str(tree),
         "--coverage-repository", name, "--coverage-revision", sha,
         "-p", "no:cacheprovider", "-q", *(["--coverage-backend", backend] if backend else []),
