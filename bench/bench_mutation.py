@@ -36,6 +36,15 @@ Two kinds of repository:
       python bench/bench_mutation.py /tmp/sample --installed torch --count 6 \\
           --tests test/test_nn_functional.py --tests test/test_view_ops.py
 
+  On real PyTorch test files (``bench/real_tree.py``), with the bench's own whole-file spec
+  (``--reuse-file``, repeated; ``--dtypes``), only the tests that executed the function
+  (``--scope tests``) and functions drawn from the folders named (``--under``):
+
+      python bench/bench_mutation.py $SCRATCH/real-tree --installed torch --backend cpu \\
+          --reuse-file test/test_view_ops.py --reuse-file test/nn/test_init.py ... \\
+          --under torch/nn --under torch/autograd --record-coverage --scope tests \\
+          --preload torch.testing._internal.common_utils --count 80
+
 The coverage map (``--coverage FILE``, or ``--record-coverage`` to record one with ``ci-relay
 coverage record`` first) also chooses the functions: only those a test executed.
 """
@@ -99,6 +108,7 @@ class Options:
     preload: list[str] = field(default_factory=list)  # modules the fork server imports
     baseline: Path | None = None  # unmutated outcomes kept per file
     json: Path | None = None
+    under: list[str] = field(default_factory=list)  # draw only functions of these paths
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -154,6 +164,10 @@ def candidates(opts: Options, base: str) -> list[tuple[ml.Target, Path, str]]:
     return out
 
 
+def _within(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
+
+
 def draw(
     opts: Options, pool: list[tuple[ml.Target, Path, str]], reached: set[tuple[str, str]] | None
 ) -> tuple[list[ml.Mutant], list[str]]:
@@ -169,7 +183,12 @@ def draw(
                 raise SystemExit(f"no function {key} to mutate")
             chosen.append((by_key[key][0], op))
     else:
-        eligible = [t for t, _r, _x in pool if reached is None or (t.file, t.qualname) in reached]
+        eligible = [
+            t
+            for t, _r, _x in pool
+            if (reached is None or (t.file, t.qualname) in reached)
+            and (not opts.under or any(_within(t.file, u) for u in opts.under))
+        ]
         order = ml.choose_targets(eligible, len(eligible), opts.seed)
         chosen = [(t, None) for t in order]
     mutants: list[ml.Mutant] = []
@@ -399,6 +418,13 @@ def _run(
             row["error"] = result.error
         elif failing:
             row["status"] = "killed"
+        elif (
+            not any(baseline.outcomes.get(n) == "passed" for n in result.outcomes)
+            and not result.collect_errors
+        ):
+            # the tests that reached it did not pass unmutated: none can tell
+            row["status"] = "untested"
+            row["error"] = "no test that reached it passes unmutated"
         elif m.operator == "return" and result.perturbed and not result.perturbed["changed"]:
             # the helper could not break what the function returned: no mutation ran
             row["status"] = "unchanged"
@@ -507,7 +533,7 @@ def print_report(record: dict[str, Any], out: Any = print) -> None:
     out(
         f"\n{len(rows)} mutants: {len(by_status['killed'])} fail tests, "
         f"{len(by_status['equivalent'])} fail nothing, {len(by_status['untested'])} reached "
-        f"by no test, {len(by_status['unchanged'])} changed no value, "
+        f"by no passing test, {len(by_status['unchanged'])} changed no value, "
         f"{len(by_status['error'])} not applied"
     )
     table = figures(record)
@@ -620,6 +646,13 @@ def parse(argv: list[str]) -> Options:
     ap.add_argument("--agent", default="none", choices=("none", "local"))
     ap.add_argument("--yardstick", type=Path, help="the shared select_eval.py (for combo)")
     ap.add_argument("--target", action="append", default=[], help="FILE::QUALNAME::OPERATOR")
+    ap.add_argument(
+        "--under",
+        action="append",
+        default=[],
+        help="draw only functions of this file or folder (repeat; e.g. torch/nn: one test "
+        "that compiles reaches thousands of torch/_inductor functions no other test runs)",
+    )
     ap.add_argument("--json", type=Path, help="write the record here")
     ap.add_argument("--pytest-arg", action="append", default=[])
     ap.add_argument("--baseline", type=Path, help="keep the unmutated outcomes here (JSON)")
@@ -670,6 +703,7 @@ def parse(argv: list[str]) -> Options:
         json=args.json,
         preload=args.preload,
         baseline=args.baseline,
+        under=args.under,
     )
     if args.record_coverage and opts.coverage is None:
         opts.coverage = record_map(opts)

@@ -272,3 +272,38 @@ def _script(path: Path, body: str) -> Path:
     path.write_text(f"#!{sys.executable}\n{body}\n")
     path.chmod(0o755)
     return path
+
+
+def test_record_with_installed_keeps_the_installed_package_and_the_checkouts_names(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """PyTorch's checkout holds ``torch/`` sources that cannot be imported without a build:
+    its tests import the installed torch. ``--installed`` keeps the checkout off the path and
+    records the installed package's functions under the checkout's file names."""
+    repo, _ = _upstream(tmp_path)
+    stand_in = "raise ImportError('a source tree: import the installed pkg')\n"
+    head = repo.commit("stand-in", {"pkg/__init__.py": stand_in}, dedent=False)
+    site = tmp_path / "site"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "__init__.py").write_text("")
+    (site / "pkg" / "core.py").write_text(CORE)
+    (site / "pkg" / "util.py").write_text("def double(x):\n    return 2 * x\n")
+    env = {"PYTHONPATH": str(site)}
+    out = tmp_path / "map.json.gz"
+    plain = cli("coverage", "record", "--upstream", repo.path, "--rev", head, "-o", out, env=env)
+    # the stand-in was imported: collection errors, nothing recorded
+    assert "recorded 0 test(s)" in plain.output and "pytest exit code 2" in plain.output
+    done = cli("coverage", "record", "--upstream", repo.path, "--rev", head, "-o", out,
+               "--installed", "pkg", env=env)  # fmt: skip
+    assert done.code == 0, done.output
+    cmap = CoverageMap.load(out)
+    assert len(cmap.tests) == N + 1
+    index = cmap.index()
+    assert set(index.reaches(index.resolve("pkg/util.py", "double"))) == {
+        "tests/test_util.py::test_util"
+    }
+    assert set(index.reaches(index.resolve("pkg/core.py", "_impl_3"))) == {
+        "tests/test_core.py::test_case_03"
+    }
+    bad = cli("coverage", "record", "--upstream", repo.path, "-o", out, "--installed", "../x")
+    assert bad.code == 2 and "not a package name" in bad.output
