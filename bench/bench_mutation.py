@@ -169,10 +169,14 @@ def _within(path: str, prefix: str) -> bool:
 
 
 def draw(
-    opts: Options, pool: list[tuple[ml.Target, Path, str]], reached: set[tuple[str, str]] | None
+    opts: Options,
+    pool: list[tuple[ml.Target, Path, str]],
+    reached: set[tuple[str, str]] | None,
+    testable: set[str] | None = None,
 ) -> tuple[list[ml.Mutant], list[str]]:
     """``opts.count`` mutants, functions and operators drawn with ``opts.seed`` (only functions
-    a test reached, when a map says); notes on what could not be made."""
+    a test reached, when a map says, and only ``testable`` ones, if given); notes on what could
+    not be made."""
     by_key = {t.key: (t, r, text) for t, r, text in pool}
     notes: list[str] = []
     chosen: list[tuple[ml.Target, str | None]] = []
@@ -186,8 +190,7 @@ def draw(
         eligible = [
             t
             for t, _r, _x in pool
-            if (reached is None or (t.file, t.qualname) in reached)
-            and (not opts.under or any(_within(t.file, u) for u in opts.under))
+            if _eligible(opts, t, reached) and (testable is None or t.key in testable)
         ]
         order = ml.choose_targets(eligible, len(eligible), opts.seed)
         chosen = [(t, None) for t in order]
@@ -256,31 +259,88 @@ def run(opts: Options, log: Any = print) -> dict[str, Any]:
     index = cmap.index() if cmap is not None else None
     reached = {f for f in cmap.functions()} if cmap is not None else None
     pool = candidates(opts, base)
-    mutants, notes = draw(opts, pool, reached)
-    log(f"{len(pool)} functions, {len(mutants)} mutants (seed {opts.seed})")
     python_path = [] if opts.installed else [str(repo), *([str(repo / "src")])]
-    # the tests of each mutant
-    per_mutant: dict[str, list[str]] = {}
-    only: dict[str, set[str]] | None = {} if opts.scope == "tests" and index is not None else None
-    for m in mutants:
-        if opts.scope == "all" or index is None:
-            per_mutant[m.ident] = list(opts.tests) or ["."]
-        else:
-            tests = reached_tests(index, m.target)
-            if opts.tests:
-                tests = {t for t in tests if any(t.startswith(p) for p in opts.tests)}
-            per_mutant[m.ident] = sorted({t.split("::", 1)[0] for t in tests})
-            if only is not None:
-                only[m.ident] = tests
-    everything = sorted({f for files in per_mutant.values() for f in files})
     cwd = Path(tempfile.mkdtemp(prefix="bench-mutation-"))
     runner = ml.Runner(opts.python, python_path, opts.preload)
     try:
-        return _run(
-            opts, runner, cwd, base, index, mutants, notes, (per_mutant, only), everything, log
-        )
+        baseline: ml.RunResult | None = None
+        testable: set[str] | None = None
+        if index is not None and opts.scope != "all" and not opts.targets:
+            # the unmutated run first, over every test that reached a function of the draw:
+            # a function whose reaching tests do not pass cannot be caught by any selection
+            eligible = [t for t, _r, _x in pool if _eligible(opts, t, reached)]
+            scoped = {t.key: _scope(opts, index, t) for t in eligible}
+            baseline = _baseline(opts, runner, cwd, base, list(scoped.values()), log)
+            passing = {baseline.generic.get(n, n) for n in baseline.passed()}
+            testable = {key for key, (_f, tests) in scoped.items() if tests & passing}
+            log(f"{len(testable)} of {len(eligible)} functions reached by a passing test")
+        mutants, notes = draw(opts, pool, reached, testable)
+        log(f"{len(pool)} functions, {len(mutants)} mutants (seed {opts.seed})")
+        # the tests of each mutant: its files, and (--scope tests) only those tests
+        per_mutant: dict[str, tuple[list[str], set[str] | None]] = {}
+        for m in mutants:
+            if opts.scope == "all" or index is None:
+                per_mutant[m.ident] = (list(opts.tests) or ["."], None)
+            else:
+                files_of, tests = _scope(opts, index, m.target)
+                per_mutant[m.ident] = (files_of, tests if opts.scope == "tests" else None)
+        if baseline is None:
+            baseline = _baseline(opts, runner, cwd, base, list(per_mutant.values()), log)
+        return _run(opts, runner, cwd, base, index, mutants, notes, per_mutant, baseline, log)
     finally:
         runner.close()
+
+
+def _eligible(opts: Options, target: ml.Target, reached: set[tuple[str, str]] | None) -> bool:
+    """A function the draw may take: one a test reached (with a map), under ``--under``."""
+    if reached is not None and (target.file, target.qualname) not in reached:
+        return False
+    return not opts.under or any(_within(target.file, u) for u in opts.under)
+
+
+def _scope(opts: Options, index: CoverageIndex, target: ml.Target) -> tuple[list[str], set[str]]:
+    """The test files a mutant of ``target`` runs and the tests the map says reached it."""
+    tests = reached_tests(index, target)
+    if opts.tests:
+        tests = {t for t in tests if any(t.startswith(p) for p in opts.tests)}
+    return sorted({t.split("::", 1)[0] for t in tests}), tests
+
+
+def _baseline(
+    opts: Options,
+    runner: ml.Runner,
+    cwd: Path,
+    base: str,
+    scopes: list[tuple[list[str], set[str] | None]],
+    log: Any,
+) -> ml.RunResult:
+    """The unmutated run of every file (and, ``--scope tests``, only the tests) in
+    ``scopes``."""
+    files = sorted({f for fs, _t in scopes for f in fs})
+    wanted: set[str] | None = None
+    if opts.scope == "tests" and scopes and all(t is not None for _f, t in scopes):
+        wanted = set().union(*(t for _f, t in scopes if t is not None))
+    baseline = unmutated(opts, runner, cwd, base, files, opts.count, wanted)
+    log(
+        f"baseline: {len(baseline.outcomes)} tests of {len(files)} files, "
+        f"{len(baseline.passed())} passed, {baseline.seconds:.1f} s"
+    )
+    return baseline
+
+
+def within(result: ml.RunResult, files: list[str], tests: set[str] | None) -> ml.RunResult:
+    """The part of ``result`` (a baseline) in a mutant's scope: its files, and its tests."""
+    out = ml.RunResult()
+    wanted = set(files)
+    for nodeid, outcome in result.outcomes.items():
+        generic = result.generic.get(nodeid, nodeid)
+        if "." not in wanted and nodeid.split("::", 1)[0] not in wanted:
+            continue
+        if tests is not None and generic not in tests:
+            continue
+        out.outcomes[nodeid] = outcome
+        out.generic[nodeid] = generic
+    return out
 
 
 def unmutated(
@@ -342,18 +402,11 @@ def _run(
     index: CoverageIndex | None,
     mutants: list[ml.Mutant],
     notes: list[str],
-    scope: tuple[dict[str, list[str]], dict[str, set[str]] | None],
-    everything: list[str],
+    per_mutant: dict[str, tuple[list[str], set[str] | None]],
+    baseline: ml.RunResult,
     log: Any,
 ) -> dict[str, Any]:
     repo = opts.repo
-    per_mutant, only = scope
-    wanted = set().union(*only.values()) if only else None
-    baseline = unmutated(opts, runner, cwd, base, everything, len(mutants), wanted)
-    log(
-        f"baseline: {len(baseline.outcomes)} tests of {len(everything)} files, "
-        f"{len(baseline.passed())} passed, {baseline.seconds:.1f} s"
-    )
     yardstick = load_yardstick(opts.yardstick) if opts.yardstick else None
     combo_state: dict[str, Any] = {}
     if yardstick is not None:
@@ -386,7 +439,7 @@ def _run(
     for number, m in enumerate(mutants, 1):
         if rows:
             record(rows)
-        files = per_mutant[m.ident]
+        files, only = per_mutant[m.ident]
         row: dict[str, Any] = {**m.to_json(), "files": files, "results": {}}
         row.pop("runtime_source")
         if not files:
@@ -401,9 +454,9 @@ def _run(
             opts.timeout,
             m,
             test_timeout=opts.test_timeout,
-            only=only[m.ident] if only is not None else None,
+            only=only,
         )
-        failing = ml.failing_tests(baseline, result)
+        failing = ml.failing_tests(within(baseline, files, only), result)
         row.update(
             failing=sorted(failing),
             seconds=round(result.seconds, 2),
