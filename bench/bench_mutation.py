@@ -412,6 +412,8 @@ def _run(
     if yardstick is not None:
         history, diffs = yardstick.history(str(repo), base, 1500)
         universe = yardstick.test_universe(str(repo), base, {})
+        if opts.tests:  # the files the tests run from (a spec's): the same universe as select's
+            universe = [u for u in universe if any(_within(u, t) for t in opts.tests)]
         counts = yardstick.test_counts(str(repo), base, universe, {})
         combo_state = {"history": history, "diffs": diffs, "universe": universe, "counts": counts}
     cache = opts.cache_dir or Path(tempfile.mkdtemp(prefix="bench-mutation-cache-"))
