@@ -236,3 +236,34 @@ def test_a_mutant_that_breaks_a_test_module_at_import_fails_its_tests(
     assert result.outcomes == {"test_step.py::test_a": "passed", "test_step.py::test_b": "passed"}
     assert ml.failing_tests(baseline, result) == {"test_table.py::test_t"}
     assert narrowed.outcomes == {"test_step.py::test_b": "passed"}, narrowed
+
+
+def test_the_whole_file_spec_and_a_mutants_share_of_the_baseline(
+    bench: ModuleType, sample_upstream: SampleUpstream, tmp_path: Path
+) -> None:
+    """``--reuse-file`` writes a spec the project's loader takes (every test of the files,
+    the dtypes named); a path outside the checkout is refused; ``within`` keeps a mutant's
+    files and, with ``--scope tests``, its tests."""
+    from reuse_specs.loader import load_specs
+
+    ml = sys.modules["mutation_lib"]
+    repo = sample_upstream.path
+    spec = bench.whole_file_spec(repo, ["test/test_view_ops.py"], "float16, float32")
+    loaded = load_specs([spec], repo, "cpu")
+    assert [p.name for p in loaded.test_files()] == ["test_view_ops.py"]
+    assert "float16" in spec.read_text() and "bfloat16" not in spec.read_text()
+    for bad in ("../outside.py", "/etc/passwd", "test/missing.py"):
+        with pytest.raises(SystemExit, match="no such test file"):
+            bench.whole_file_spec(repo, [bad], "")
+    baseline = ml.RunResult(
+        outcomes={"a.py::T::t_cpu": "passed", "a.py::T::u_cpu": "passed", "b.py::v": "failed"},
+        generic={"a.py::T::t_cpu": "a.py::T::t", "a.py::T::u_cpu": "a.py::T::u"},
+    )
+    assert set(bench.within(baseline, ["a.py"], None).outcomes) == {
+        "a.py::T::t_cpu",
+        "a.py::T::u_cpu",
+    }
+    assert set(bench.within(baseline, ["a.py", "b.py"], {"a.py::T::u"}).outcomes) == {
+        "a.py::T::u_cpu"
+    }
+    assert len(bench.within(baseline, ["."], None).outcomes) == 3
