@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ci_relay.identifiers import RepositoryName
-from reuse_specs.backends import BACKENDS
+from reuse_specs.backends import BACKENDS, add_backends_dir
 
 
 class Level(StrEnum):
@@ -60,9 +60,15 @@ class RepositoryPolicy(BaseModel):
 
 
 class Policy(BaseModel):
-    """``repositories: {owner/name: {backends: {cpu: {level: L2}}}}``; others are ignored."""
+    """``repositories: {owner/name: {backends: {cpu: {level: L2}}}}``; others are ignored.
+    ``backends_dir``: a folder of backend declarations (relative to the policy file) whose
+    backends the repositories may name, as with ``CI_RELAY_BACKENDS_DIR``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backends_dir: str | None = Field(
+        default=None, min_length=1, description="backend declarations (relative to this file)"
+    )
 
     repositories: dict[RepositoryName, RepositoryPolicy] = Field(default_factory=dict)
 
@@ -102,6 +108,10 @@ def load_policy(path: Path | None) -> Policy:
         return Policy()
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        folder = data.get("backends_dir") if isinstance(data, dict) else None
+        if isinstance(folder, str) and folder:
+            # before the repositories are validated: they may name its backends
+            add_backends_dir(path.parent / folder)
         return Policy.model_validate(data)
     except (OSError, yaml.YAMLError, ValidationError) as exc:
         raise PolicyError(f"policy file {path}: {exc}") from exc
