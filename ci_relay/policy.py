@@ -102,16 +102,27 @@ class PolicyError(ValueError):
     pass
 
 
+def register_backends_dir(path: Path | None) -> None:
+    """The policy's ``backends_dir`` joins this process's backends (before anything asks for
+    one of them: a worker that never validates the policy still runs its backends)."""
+    if path is None:
+        return
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return  # load_policy reports it
+    folder = data.get("backends_dir") if isinstance(data, dict) else None
+    if isinstance(folder, str) and folder:
+        add_backends_dir(path.parent / folder)
+
+
 def load_policy(path: Path | None) -> Policy:
     """Read the policy file; no file means an empty allowlist (nothing runs)."""
     if path is None:
         return Policy()
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        folder = data.get("backends_dir") if isinstance(data, dict) else None
-        if isinstance(folder, str) and folder:
-            # before the repositories are validated: they may name its backends
-            add_backends_dir(path.parent / folder)
+        register_backends_dir(path)  # before the repositories: they may name its backends
         return Policy.model_validate(data)
     except (OSError, yaml.YAMLError, ValidationError) as exc:
         raise PolicyError(f"policy file {path}: {exc}") from exc

@@ -1,16 +1,15 @@
 """Backend profiles: how a device's tests are instantiated and how many may share it.
 
 Every backend is a declaration (YAML, :mod:`reuse_specs.backend_schema`): the three that
-ship with ci-relay in ``backend_declarations/``, and any number more from the folders named
-by ``CI_RELAY_BACKENDS_DIR`` (``os.pathsep``-separated) or by the relay's policy file
-(:func:`add_backends_dir`). A team adds its device with a file, not with code.
+ship with ci-relay in ``backend_declarations/``, and any number more from folders the caller
+registers (:func:`add_backends_dir`): the relay's ``CI_RELAY_BACKENDS_DIR`` setting, its policy
+file's ``backends_dir``, a shard child's copy. A team adds its device with a file, not code.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ SPYRE_DEVICE_GLOB = "vfio/[0-9]*"  # where a Spyre card appears under /dev by de
 BUNDLED_DECLARATIONS = Path(__file__).resolve().parent / "backend_declarations"
 PACKAGES_ROOT = Path(__file__).resolve().parent.parent  # holds reuse_specs, spyre_emu, ...
 PACKAGES_TOKEN = "${PACKAGES}"  # in a declaration's paths: ci-relay's installed packages
-BACKENDS_DIR_ENV = "CI_RELAY_BACKENDS_DIR"
+BACKENDS_DIR_ENV = "CI_RELAY_BACKENDS_DIR"  # the relay's setting (ci_relay.settings) naming one
 RESERVED_ENV = ("TORCH_TEST_DEVICES", "PYTORCH_TESTING_DEVICE_ONLY_FOR")  # test_env's
 
 
@@ -307,9 +306,8 @@ def remove_backends_dir(folder: Path) -> None:
 
 
 def backends_dirs() -> tuple[Path, ...]:
-    """The folders of declarations beyond the bundled ones, in order."""
-    named = [Path(p) for p in os.environ.get(BACKENDS_DIR_ENV, "").split(os.pathsep) if p]
-    return tuple(dict.fromkeys([*(p.resolve() for p in named), *_extra_dirs]))
+    """The folders of declarations beyond the bundled ones, in the order registered."""
+    return tuple(_extra_dirs)
 
 
 def _fingerprint(folders: tuple[Path, ...]) -> tuple[tuple[Path, tuple[tuple[str, int], ...]], ...]:

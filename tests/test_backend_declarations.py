@@ -23,6 +23,7 @@ from reuse_specs.backends import (
     BUNDLED_DECLARATIONS,
     BackendUnavailable,
     DeclarationErrors,
+    add_backends_dir,
     get_backend,
     remove_backends_dir,
 )
@@ -49,20 +50,21 @@ image:
 
 
 @pytest.fixture
-def declared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Path]:
-    """Write a declaration (and the test-devices file it names) into a folder that
-    ``CI_RELAY_BACKENDS_DIR`` names; returns the declaration's path."""
+def declared(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """Write a declaration (and the test-devices file it names) into a registered folder of
+    declarations (what ``CI_RELAY_BACKENDS_DIR`` does); returns the declaration's path."""
     folder = tmp_path / "backends"
     folder.mkdir()
     (folder / "toydev_test_base.py").write_text("TEST_CLASS = None\n")
-    monkeypatch.setenv(BACKENDS_DIR_ENV, str(folder))
+    add_backends_dir(folder)
 
     def write(text: str, name: str = "toydev.yaml") -> Path:
         path = folder / name
         path.write_text(textwrap.dedent(text))
         return path
 
-    return write
+    yield write
+    remove_backends_dir(folder)
 
 
 def _errors(path: Path) -> list[str]:

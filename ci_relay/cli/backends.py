@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ci_relay.cli.common import _fail, _policy_backends, _report_spec_errors, err, out
+from ci_relay.cli.common import _fail, _register_backends, _report_spec_errors, err, out
 from reuse_specs.backends import (
     BACKENDS,
     BACKENDS_DIR_ENV,
@@ -28,7 +28,7 @@ backends_app = typer.Typer(
 @backends_app.command("list")
 def backends_list() -> None:
     """Every backend this relay knows, with where it is declared."""
-    _policy_backends()  # the policy file's backends_dir joins the registry
+    _register_backends()
     try:
         backends = sorted(BACKENDS.values(), key=lambda b: b.name)
     except DeclarationErrors as exc:

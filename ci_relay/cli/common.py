@@ -16,6 +16,7 @@ from reuse_specs.backends import (
     Backend,
     DeclarationErrors,
     UnknownBackend,
+    add_backends_dir,
     get_backend,
 )
 from reuse_specs.errors import SpecErrors
@@ -137,8 +138,19 @@ def _print_drift(drift: list[SpecDrift], console: Console) -> None:
         console.print(f"  {item}", markup=False, soft_wrap=True)
 
 
+def _register_backends() -> None:
+    """The declarations of the settings' ``backends_dir`` and the policy's join the bundled."""
+    from ci_relay.policy import register_backends_dir
+
+    settings = _settings()
+    if settings.backends_dir is not None:
+        add_backends_dir(settings.backends_dir)
+    register_backends_dir(settings.policy_file)
+
+
 def _backend(name: str) -> Backend:
     """The declared backend ``name``, or a clear refusal (unknown, or a bad declaration)."""
+    _register_backends()
     try:
         return get_backend(name)
     except UnknownBackend as exc:

@@ -13,7 +13,7 @@ from ci_relay.cli.common import (
     _policy_backends,
     out,
 )
-from reuse_specs.backends import BACKENDS_DIR_ENV, backends_dirs
+from reuse_specs.backends import backends_dirs
 
 images_app = typer.Typer(help="Test-runner container images.", no_args_is_help=True)
 
@@ -49,10 +49,9 @@ def images_build(
 ) -> None:
     """Build images offline (debootstrap base, local wheelhouse); reuses what exists.
 
-    A runner image follows its backend's declaration (bundled, or in a folder of
+    A runner image follows its backend's declaration (bundled, or in the folder of
     CI_RELAY_BACKENDS_DIR or of the policy file's backends_dir), rendered from the one
     template docker/runner.Containerfile."""
-    import os
     import subprocess
 
     policy_backends = _policy_backends()  # also registers the policy's backends_dir
@@ -66,9 +65,9 @@ def images_build(
     targets = [f"runner-{b}" for b in backends] + (["relay"] if relay else [])
     targets += ["redis", "postgres"] if services else []
     flags = ["--refresh"] if refresh else []
-    # the script finds declarations as the registry does: the policy's folder too
-    env = {**os.environ, BACKENDS_DIR_ENV: os.pathsep.join(str(d) for d in backends_dirs())}
-    if subprocess.run(["bash", str(script), str(root), *flags, *targets], env=env).returncode:
+    # the script finds declarations where the registry does (settings, the policy's folder)
+    flags += [arg for d in backends_dirs() for arg in ("--backends-dir", str(d))]
+    if subprocess.run(["bash", str(script), str(root), *flags, *targets]).returncode:
         raise _fail("image build failed (see the messages above)", 1)
     from ci_relay.source_digest import TAG_PREFIX, source_digest
 

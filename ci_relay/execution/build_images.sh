@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Build ci-relay's images without a registry: a Debian base from debootstrap, Python packages
 # from a local wheelhouse. Reuses an image whose inputs did not change (tagged by digest).
-# Usage: build_images.sh REPO_ROOT [--refresh] TARGET...   TARGET: runner-BACKEND | relay |
-# redis | postgres. A runner image is rendered from the backend's declaration (bundled in
-# reuse_specs/backend_declarations/, or in a folder of CI_RELAY_BACKENDS_DIR) through the one
+# Usage: build_images.sh REPO_ROOT [--refresh] [--backends-dir DIR]... TARGET...
+# TARGET: runner-BACKEND | relay | redis | postgres. A runner image is rendered from the
+# backend's declaration (bundled in reuse_specs/backend_declarations/, or in a --backends-dir
+# folder: `ci-relay images build` passes the relay's) through the one
 # template docker/runner.Containerfile (ci_relay/execution/runner_image.py); a declaration may
 # require inputs that are not public (runner-spyre: CI_RELAY_SPYRE_BASE_IMAGE and
 # CI_RELAY_SPYRE_WHEELHOUSE) and the build refuses clearly without them. redis and postgres
@@ -12,6 +13,8 @@ set -euo pipefail
 root=$1; shift
 refresh=0  # --refresh: resolve the wheels again even if the checkout's inputs are unchanged
 if [ "${1:-}" = --refresh ]; then refresh=1; shift; fi
+folders=()  # --backends-dir DIR: declarations beside the bundled ones
+while [ "${1:-}" = --backends-dir ]; do folders+=(--backends-dir "$2"); shift 2; done
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(runner-cpu)
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$root/docker/containers.conf}
@@ -27,14 +30,27 @@ inputs=$(PYTHONPATH="$root" python3 -m ci_relay.source_digest --inputs "$root")
 plans=$(mktemp -d)
 trap 'rm -rf "$plans"' EXIT
 
-plan() {  # plan BACKEND: render its Containerfile and plan into $plans/BACKEND, its parents too
-  local name=$1 from_backend
+plan() {  # plan BACKEND: render its Containerfile and plan into $plans/BACKEND, its parents
+  # too; refuse when an input its declaration requires (image.requires.env) is not given
+  local name=$1 from_backend requires var line
   [ -f "$plans/$name/vars" ] && return 0
   mkdir -p "$plans/$name"
   PYTHONPATH="$root" python3 -m ci_relay.execution.runner_image "$root" "$name" "$plans/$name" \
-    >"$plans/$name/vars" || exit 2
+    ${folders[@]+"${folders[@]}"} >"$plans/$name/vars" || exit 2
   from_backend=$(. "$plans/$name/vars"; echo "$from_backend")
+  requires=$(. "$plans/$name/vars"; echo "$requires")
+  for var in $requires; do
+    if [ -z "${!var:-}" ]; then
+      while IFS= read -r line; do say "$line"; done <"$plans/$name/refusal"
+      exit 2
+    fi
+  done
   if [ -n "$from_backend" ]; then plan "$from_backend"; fi
+}
+expand() {  # expand VALUE REQUIRES: ${VAR} of the declared variables only, from the environment
+  local value=$1 var
+  for var in $2; do value=${value//"\${$var}"/${!var}}; done
+  echo "$value"
 }
 
 for target in "${targets[@]}"; do  # refuse before any slow step
@@ -184,8 +200,11 @@ service_context() {  # redis, postgres: the service's own scripts from docker/, 
 }
 
 build_runner() {  # build_runner BACKEND: its parent runner first (from_backend), then its own
-  local backend=$1 from_backend base_image wheels debian
+  local backend=$1 from_backend base_image wheels debian requires
   eval "$(cat "$plans/$backend/vars")"
+  base_image=$(expand "$base_image" "$requires")
+  wheels=$(expand "$wheels" "$requires")
+  if [ -n "$wheels" ] && [ ! -d "$wheels" ]; then say "runner-$backend: no wheels folder $wheels"; exit 2; fi
   if [ -n "$from_backend" ]; then
     build_runner "$from_backend"
     base=$built

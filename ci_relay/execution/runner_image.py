@@ -5,17 +5,17 @@ Run by ``build_images.sh`` with only the checkout on ``sys.path`` and the system
 (PyYAML, no pydantic), so it reads the declaration as plain YAML: ``ci-relay images build``
 has validated it (:func:`reuse_specs.backends.load_declaration`) before the script starts.
 
-    python3 -m ci_relay.execution.runner_image ROOT NAME OUTDIR
+    python3 -m ci_relay.execution.runner_image ROOT NAME OUTDIR [--backends-dir DIR ...]
 
-writes OUTDIR/Containerfile and prints shell assignments (``from_backend``, ``base_image``,
-``wheels``, ``debian``); exits 2 with the reason on stderr when the image cannot be built
-(an unknown backend, inputs the declaration requires that are not given).
+writes OUTDIR/Containerfile and OUTDIR/refusal (what to say when a required input is not
+given) and prints shell assignments: ``from_backend``, ``base_image`` and ``wheels`` (``${VAR}``
+left for the script, which alone reads the environment), ``debian``, ``requires`` (the
+variables the build needs). Exits 2 with the reason on stderr for an unknown backend.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import sys
@@ -24,10 +24,8 @@ from typing import Any
 
 import yaml
 
-BACKENDS_DIR_ENV = "CI_RELAY_BACKENDS_DIR"  # as reuse_specs.backends (not imported: pydantic)
 TEMPLATE = Path("docker") / "runner.Containerfile"
 BUNDLED = Path("reuse_specs") / "backend_declarations"
-_TOKEN = re.compile(r"\$\{(\w+)\}")
 _BLOCK = re.compile(r"^#@ (\w+)\n(.*?)^#@ end\n", re.MULTILINE | re.DOTALL)
 
 
@@ -35,12 +33,10 @@ class ImageRefused(Exception):
     """Why this image cannot be built here (printed as the build's refusal)."""
 
 
-def declarations(root: Path) -> dict[str, Path]:
-    """Every declaration by name: the bundled ones, then those of ``CI_RELAY_BACKENDS_DIR``."""
-    folders = [root / BUNDLED]
-    folders += [Path(p) for p in os.environ.get(BACKENDS_DIR_ENV, "").split(os.pathsep) if p]
+def declarations(root: Path, folders: list[Path]) -> dict[str, Path]:
+    """Every declaration by name: the bundled ones, then those of ``folders``."""
     found: dict[str, Path] = {}
-    for folder in folders:
+    for folder in [root / BUNDLED, *folders]:
         if not folder.is_dir():
             continue
         for path in sorted(folder.iterdir()):
@@ -49,27 +45,6 @@ def declarations(root: Path) -> dict[str, Path]:
                 if isinstance(data, dict) and isinstance(data.get("name"), str):
                     found.setdefault(data["name"], path)
     return found
-
-
-def _expand(value: str, allowed: dict[str, str]) -> str:
-    return _TOKEN.sub(lambda m: os.environ[m.group(1)] if m.group(1) in allowed else "", value)
-
-
-def plan(root: Path, name: str) -> tuple[dict[str, Any], Path]:
-    """The declaration's image section and the declaration's path, or :class:`ImageRefused`."""
-    found = declarations(root)
-    if name not in found:
-        raise ImageRefused(f"unknown backend {name} (known: {' '.join(sorted(found))})")
-    path = found[name]
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    image: dict[str, Any] = data.get("image") or {}
-    requires = image.get("requires") or {}
-    needed = requires.get("env") or {}
-    if any(not os.environ.get(key) for key in needed):
-        lines = [f"runner-{name} needs {requires.get('what', 'inputs that are not given')}:"]
-        lines += [f"  {key} = {what}" for key, what in needed.items()]
-        raise ImageRefused("\n".join(lines))
-    return image, path
 
 
 def render(template: str, name: str, image: dict[str, Any]) -> str:
@@ -96,27 +71,31 @@ def render(template: str, name: str, image: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     root, name, outdir = Path(argv[0]), argv[1], Path(argv[2])
-    try:
-        image, path = plan(root, name)
-        allowed = ((image.get("requires") or {}).get("env")) or {}
-        wheels = _expand(str(image.get("wheels") or ""), allowed)
-        if wheels:
-            folder = (path.parent / wheels).resolve()
-            if not folder.is_dir():
-                raise ImageRefused(f"runner-{name}: no wheels folder {folder} ({path})")
-            wheels = str(folder)
-    except ImageRefused as exc:
-        for line in str(exc).splitlines():
-            print(f"images: {line}", file=sys.stderr)
+    rest = argv[3:]
+    folders = [Path(rest[i + 1]) for i in range(len(rest) - 1) if rest[i] == "--backends-dir"]
+    found = declarations(root, folders)
+    if name not in found:
+        print(f"images: unknown backend {name} (known: {' '.join(sorted(found))})", file=sys.stderr)
         return 2
+    path = found[name]
+    image: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8")).get("image") or {}
+    requires = image.get("requires") or {}
+    needed: dict[str, str] = requires.get("env") or {}
+    wheels = str(image.get("wheels") or "")
+    if wheels and not wheels.startswith("${"):
+        wheels = str((path.parent / wheels).resolve())
     outdir.mkdir(parents=True, exist_ok=True)
     template = (root / TEMPLATE).read_text(encoding="utf-8")
     (outdir / "Containerfile").write_text(render(template, name, image), encoding="utf-8")
+    refusal = [f"runner-{name} needs {requires.get('what', 'inputs that are not given')}:"]
+    refusal += [f"  {key} = {what}" for key, what in needed.items()]
+    (outdir / "refusal").write_text("\n".join(refusal) + "\n", encoding="utf-8")
     assignments = {
         "from_backend": str(image.get("from_backend") or ""),
-        "base_image": _expand(str(image.get("base_image") or ""), allowed),
+        "base_image": str(image.get("base_image") or ""),
         "wheels": wheels,
         "debian": ",".join(str(p) for p in image.get("debian_packages") or []),
+        "requires": " ".join(needed),
     }
     for key, value in assignments.items():
         print(f"{key}={shlex.quote(value)}")
