@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ci_relay.identifiers import RepositoryName
-from reuse_specs.backends import BACKENDS
+from reuse_specs.backends import BACKENDS, add_backends_dir
 
 
 class Level(StrEnum):
@@ -60,9 +60,15 @@ class RepositoryPolicy(BaseModel):
 
 
 class Policy(BaseModel):
-    """``repositories: {owner/name: {backends: {cpu: {level: L2}}}}``; others are ignored."""
+    """``repositories: {owner/name: {backends: {cpu: {level: L2}}}}``; others are ignored.
+    ``backends_dir``: a folder of backend declarations (relative to the policy file) whose
+    backends the repositories may name, as with ``CI_RELAY_BACKENDS_DIR``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backends_dir: str | None = Field(
+        default=None, min_length=1, description="backend declarations (relative to this file)"
+    )
 
     repositories: dict[RepositoryName, RepositoryPolicy] = Field(default_factory=dict)
 
@@ -96,12 +102,27 @@ class PolicyError(ValueError):
     pass
 
 
+def register_backends_dir(path: Path | None) -> None:
+    """The policy's ``backends_dir`` joins this process's backends (before anything asks for
+    one of them: a worker that never validates the policy still runs its backends)."""
+    if path is None:
+        return
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return  # load_policy reports it
+    folder = data.get("backends_dir") if isinstance(data, dict) else None
+    if isinstance(folder, str) and folder:
+        add_backends_dir(path.parent / folder)
+
+
 def load_policy(path: Path | None) -> Policy:
     """Read the policy file; no file means an empty allowlist (nothing runs)."""
     if path is None:
         return Policy()
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        register_backends_dir(path)  # before the repositories: they may name its backends
         return Policy.model_validate(data)
     except (OSError, yaml.YAMLError, ValidationError) as exc:
         raise PolicyError(f"policy file {path}: {exc}") from exc

@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     webhook_secret: SecretStr | None = None
     dispatch_token: SecretStr | None = None
     policy_file: Path | None = Field(default=None, description="repository allowlist and levels")
+    backends_dir: Path | None = Field(
+        default=None, description="a folder of backend declarations (beside the bundled ones)"
+    )
     max_body_bytes: int = Field(default=25 * MiB, gt=0)
     local_demo: bool = Field(default=False, description="allow serving without a webhook secret")
     upstream_repo: str | None = Field(

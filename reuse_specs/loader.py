@@ -185,8 +185,8 @@ def _unwrap(tp: Any, want_list: bool) -> Any:
             return tp
 
 
-def _expected_keys(path: Sequence[str | int]) -> list[str]:
-    current: Any = SpecFile
+def _expected_keys(path: Sequence[str | int], root: type[BaseModel] = SpecFile) -> list[str]:
+    current: Any = root
     for part in path:
         current = _unwrap(current, want_list=isinstance(part, int))
         if isinstance(part, str):
@@ -215,14 +215,17 @@ def _data_path(data: Any, loc: Sequence[str | int]) -> list[str | int]:
     return path
 
 
-def _validation_errors(exc: ValidationError, doc: YamlDocument) -> list[SpecError]:
+def validation_errors(
+    exc: ValidationError, doc: YamlDocument, root: type[BaseModel] = SpecFile
+) -> list[SpecError]:
+    """Pydantic's errors for ``doc`` (validated as ``root``) at the file:line:col they name."""
     errors: list[SpecError] = []
     for err in exc.errors(include_url=False):
         path = _data_path(doc.data, err["loc"])
         kind = err["type"]
         where = _dotted(path)
         if kind == "extra_forbidden":
-            expected = ", ".join(_expected_keys(path[:-1]))
+            expected = ", ".join(_expected_keys(path[:-1], root))
             message = f"unknown key {path[-1]!r} in {_dotted(path[:-1]) or 'the document'}"
             message += f" (expected one of: {expected})" if expected else ""
             errors.append(SpecError(doc.locate_key(tuple(path)), message))
@@ -407,7 +410,7 @@ def load_specs(
         try:
             spec = SpecFile.model_validate(doc.data)
         except ValidationError as exc:
-            errors.extend(_validation_errors(exc, doc))
+            errors.extend(validation_errors(exc, doc))
             continue
         unknown = _unknown_tokens(doc, spec)
         if unknown:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from reuse_specs.backends import Backend, UnknownBackend, get_backend
+from reuse_specs.backends import Backend, UnknownBackend, add_backends_dir, get_backend
 from reuse_specs.dtypes import dtype_name_of
 from reuse_specs.errors import SpecErrors
 from reuse_specs.loader import LoadedSpec, load_specs
@@ -43,6 +43,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="spec file to apply; repeat to merge several",
     )
     group.addoption("--reuse-backend", default="cpu", metavar="NAME", help="backend profile")
+    group.addoption(
+        "--reuse-backends-dir",
+        default=None,
+        metavar="DIR",
+        help="a folder of backend declarations beside the bundled ones",
+    )
     group.addoption(
         "--reuse-upstream",
         default=None,
@@ -74,6 +80,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if not spec_paths:
         return
     upstream_opt = config.getoption("reuse_upstream")
+    if config.getoption("reuse_backends_dir"):
+        add_backends_dir(Path(config.getoption("reuse_backends_dir")))
     try:
         backend = get_backend(config.getoption("reuse_backend"))
         spec = load_specs(

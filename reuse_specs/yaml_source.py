@@ -203,8 +203,11 @@ class _Builder:
         return result
 
 
-def load_yaml(path: Path, display_name: str | None = None) -> YamlDocument:
-    """Read one YAML file safely; raise :class:`SpecErrors` with positions."""
+def load_yaml(
+    path: Path, display_name: str | None = None, expected: str = "the key 'test_suite_config'"
+) -> YamlDocument:
+    """Read one YAML file safely; raise :class:`SpecErrors` with positions (``expected``: what
+    an empty file's error says the mapping should hold)."""
     file = display_name or str(path)
     try:
         raw = path.read_bytes()
@@ -243,7 +246,7 @@ def load_yaml(path: Path, display_name: str | None = None) -> YamlDocument:
                 [
                     SpecError(
                         SourceLocation(file, 1, 1),
-                        "empty file: expected a mapping with the key 'test_suite_config'",
+                        f"empty file: expected a mapping with {expected}",
                     )
                 ]
             )

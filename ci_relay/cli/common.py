@@ -11,7 +11,14 @@ import typer
 from rich.console import Console
 
 from ci_relay.execution.spec_run import EXIT_BAD_INPUT, EXIT_NOTHING_SELECTED
-from reuse_specs.backends import BACKENDS, Backend, UnknownBackend, get_backend
+from reuse_specs.backends import (
+    BACKENDS_DIR_ENV,
+    Backend,
+    DeclarationErrors,
+    UnknownBackend,
+    add_backends_dir,
+    get_backend,
+)
 from reuse_specs.errors import SpecErrors
 from reuse_specs.loader import LoadedSpec, load_specs
 from reuse_specs.upstream_check import SpecDrift, find_drift
@@ -31,7 +38,12 @@ UpstreamOpt = Annotated[
     ),
 ]
 BackendOpt = Annotated[
-    str, typer.Option("--backend", help=f"Backend profile: {', '.join(sorted(BACKENDS))}.")
+    str,
+    typer.Option(
+        "--backend",
+        help="Backend profile: cpu, spyre-emu, spyre, or one declared in a folder of "
+        f"${BACKENDS_DIR_ENV} (`ci-relay backends list`).",
+    ),
 ]
 LabelOpt = Annotated[
     str | None,
@@ -89,12 +101,10 @@ def _load_for_run(
     """The specs against the tree, the backend profile, the tree, and the spec's drift: what
     it lists that this revision lacks is reported, and everything else still runs."""
     root = _upstream_dir(upstream)
+    profile = _backend(backend)
     try:
-        profile = get_backend(backend)
         loaded = load_specs(_spec_files(specs), root, profile.name)
         drift = find_drift(loaded)
-    except UnknownBackend as exc:
-        raise _fail(str(exc)) from None
     except SpecErrors as exc:
         _report_spec_errors(exc)
         raise _fail(f"{len(exc.errors)} error(s) in the spec; nothing was run") from None
@@ -128,11 +138,40 @@ def _print_drift(drift: list[SpecDrift], console: Console) -> None:
         console.print(f"  {item}", markup=False, soft_wrap=True)
 
 
+def _register_backends() -> None:
+    """The declarations of the settings' ``backends_dir`` and the policy's join the bundled."""
+    from ci_relay.policy import register_backends_dir
+
+    settings = _settings()
+    if settings.backends_dir is not None:
+        add_backends_dir(settings.backends_dir)
+    register_backends_dir(settings.policy_file)
+
+
+def _backend(name: str) -> Backend:
+    """The declared backend ``name``, or a clear refusal (unknown, or a bad declaration)."""
+    _register_backends()
+    try:
+        return get_backend(name)
+    except UnknownBackend as exc:
+        raise _fail(str(exc)) from None
+    except DeclarationErrors as exc:
+        _report_spec_errors(exc)
+        raise _fail(f"{len(exc.errors)} error(s) in the backend declarations") from None
+
+
 def _check_backend(profile: Backend) -> None:
     from reuse_specs.backends import BackendUnavailable
 
+    setting = profile.devices.setting if profile.devices else None
+    settings = _settings()
+    if setting is not None and setting not in type(settings).model_fields:
+        raise _fail(
+            f"{profile.devices.location if profile.devices else profile.declaration}: "
+            f"preflight.devices.setting {setting!r} is not a ci-relay setting"
+        )
     try:
-        profile.check(_settings().spyre_device_glob)
+        profile.check(getattr(settings, setting) if setting else None)
     except BackendUnavailable as exc:
         raise _fail(str(exc)) from None
 

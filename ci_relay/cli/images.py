@@ -8,11 +8,12 @@ from typing import Annotated
 import typer
 
 from ci_relay.cli.common import (
+    _backend,
     _fail,
     _policy_backends,
     out,
 )
-from reuse_specs.backends import UnknownBackend, get_backend
+from reuse_specs.backends import backends_dirs
 
 images_app = typer.Typer(help="Test-runner container images.", no_args_is_help=True)
 
@@ -46,15 +47,17 @@ def images_build(
         ),
     ] = False,
 ) -> None:
-    """Build images offline (debootstrap base, local wheelhouse); reuses what exists."""
+    """Build images offline (debootstrap base, local wheelhouse); reuses what exists.
+
+    A runner image follows its backend's declaration (bundled, or in the folder of
+    CI_RELAY_BACKENDS_DIR or of the policy file's backends_dir), rendered from the one
+    template docker/runner.Containerfile."""
     import subprocess
 
-    backends = backend or _policy_backends() or ["cpu"]
+    policy_backends = _policy_backends()  # also registers the policy's backends_dir
+    backends = backend or policy_backends or ["cpu"]
     for name in backends:
-        try:
-            get_backend(name)
-        except UnknownBackend as exc:
-            raise _fail(str(exc)) from None
+        _backend(name)  # unknown, or its declaration is wrong: refused before any build
     root = Path(__file__).resolve().parents[2]  # ci_relay/cli/main.py -> the checkout
     if not (root / "pyproject.toml").is_file() or not (root / "docker").is_dir():
         raise _fail(f"{root} is not a ci-relay source checkout (images build from one)")
@@ -62,6 +65,8 @@ def images_build(
     targets = [f"runner-{b}" for b in backends] + (["relay"] if relay else [])
     targets += ["redis", "postgres"] if services else []
     flags = ["--refresh"] if refresh else []
+    # the script finds declarations where the registry does (settings, the policy's folder)
+    flags += [arg for d in backends_dirs() for arg in ("--backends-dir", str(d))]
     if subprocess.run(["bash", str(script), str(root), *flags, *targets]).returncode:
         raise _fail("image build failed (see the messages above)", 1)
     from ci_relay.source_digest import TAG_PREFIX, source_digest

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Build ci-relay's images without a registry: a Debian base from debootstrap, Python packages
 # from a local wheelhouse. Reuses an image whose inputs did not change (tagged by digest).
-# Usage: build_images.sh REPO_ROOT [--refresh] TARGET...   TARGET: runner-cpu | runner-spyre-emu |
-# runner-spyre | relay | redis | postgres. runner-spyre needs CI_RELAY_SPYRE_BASE_IMAGE and
-# CI_RELAY_SPYRE_WHEELHOUSE; redis and postgres are the compose stack's services, from Debian's
-# packages (no registry needed).
+# Usage: build_images.sh REPO_ROOT [--refresh] [--backends-dir DIR]... TARGET...
+# TARGET: runner-BACKEND | relay | redis | postgres. A runner image is rendered from the
+# backend's declaration (bundled in reuse_specs/backend_declarations/, or in a --backends-dir
+# folder: `ci-relay images build` passes the relay's) through the one
+# template docker/runner.Containerfile (ci_relay/execution/runner_image.py); a declaration may
+# require inputs that are not public (runner-spyre: CI_RELAY_SPYRE_BASE_IMAGE and
+# CI_RELAY_SPYRE_WHEELHOUSE) and the build refuses clearly without them. redis and postgres
+# are the compose stack's services, from Debian's packages (no registry needed).
 set -euo pipefail
 root=$1; shift
 refresh=0  # --refresh: resolve the wheels again even if the checkout's inputs are unchanged
 if [ "${1:-}" = --refresh ]; then refresh=1; shift; fi
+folders=()  # --backends-dir DIR: declarations beside the bundled ones
+while [ "${1:-}" = --backends-dir ]; do folders+=(--backends-dir "$2"); shift 2; done
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(runner-cpu)
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$root/docker/containers.conf}
@@ -19,19 +25,40 @@ say() { echo "images: $*" >&2; }
 src=$(PYTHONPATH="$root" python3 -m ci_relay.source_digest "$root")
 # everything the builds read from the checkout (see build)
 inputs=$(PYTHONPATH="$root" python3 -m ci_relay.source_digest --inputs "$root")
+# each runner's rendered Containerfile and build plan (not in $work: nothing is kept there
+# for an image that is already up to date)
+plans=$(mktemp -d)
+trap 'rm -rf "$plans"' EXIT
+
+plan() {  # plan BACKEND: render its Containerfile and plan into $plans/BACKEND, its parents
+  # too; refuse when an input its declaration requires (image.requires.env) is not given
+  local name=$1 from_backend requires var line
+  [ -f "$plans/$name/vars" ] && return 0
+  mkdir -p "$plans/$name"
+  PYTHONPATH="$root" python3 -m ci_relay.execution.runner_image "$root" "$name" "$plans/$name" \
+    ${folders[@]+"${folders[@]}"} >"$plans/$name/vars" || exit 2
+  from_backend=$(. "$plans/$name/vars"; echo "$from_backend")
+  requires=$(. "$plans/$name/vars"; echo "$requires")
+  for var in $requires; do
+    if [ -z "${!var:-}" ]; then
+      while IFS= read -r line; do say "$line"; done <"$plans/$name/refusal"
+      exit 2
+    fi
+  done
+  if [ -n "$from_backend" ]; then plan "$from_backend"; fi
+}
+expand() {  # expand VALUE REQUIRES: ${VAR} of the declared variables only, from the environment
+  local value=$1 var
+  for var in $2; do value=${value//"\${$var}"/${!var}}; done
+  echo "$value"
+}
 
 for target in "${targets[@]}"; do  # refuse before any slow step
   case $target in
-    runner-cpu|runner-spyre-emu|relay|redis|postgres) ;;
-    runner-spyre)
-      if [ -z "${CI_RELAY_SPYRE_BASE_IMAGE:-}" ] || [ -z "${CI_RELAY_SPYRE_WHEELHOUSE:-}" ]; then
-        say "runner-spyre needs the Spyre software stack, which is not public:"
-        say "  CI_RELAY_SPYRE_BASE_IMAGE = an image with the Spyre runtime and driver libraries"
-        say "  CI_RELAY_SPYRE_WHEELHOUSE = a folder with the torch_spyre wheel (and its deps)"
-        exit 2
-      fi ;;
+    relay|redis|postgres) ;;
+    runner-*) plan "${target#runner-}" ;;
     *)
-      say "unknown image $target (known: runner-cpu runner-spyre-emu runner-spyre relay redis postgres)"
+      say "unknown image $target (known: runner-BACKEND relay redis postgres)"
       exit 2 ;;
   esac
 done
@@ -52,7 +79,7 @@ debian_base() {  # debian_base PACKAGES: a bookworm image with them, made with d
   echo "$image"
 }
 # Runner images need only Python; the relay also needs git (its upstream mirrors).
-python_base() { debian_base python3,python3-venv,ca-certificates,passwd,git; }
+python_base() { debian_base python3,python3-venv,ca-certificates,passwd,git${1:+,$1}; }
 services_base() { debian_base postgresql-15,redis-server,passwd; }
 
 # Each context has wheels/ (the dependencies: one image layer, cached while they are the same)
@@ -109,8 +136,8 @@ build() {
   local key digest context image=localhost/ci-relay-$name
   # with the Containerfile, the files of docker/ it copies (named after the image: NAME-*)
   key=in-$( (echo "$inputs"; file_hashes "$file" "$root/docker/$name"-*
-             podman image inspect --format '{{.Id}}' "$base"
-             echo "$*"; parent_ids "$@"; if [ "$name" = runner-spyre ]; then spyre_wheelhouse_listing; fi) \
+             base_id
+             echo "$*"; parent_ids "$@"; if [ -n "$wheels" ]; then file_hashes "$wheels"/*; fi) \
             | sha256sum | cut -c1-16)
   if [ "$refresh" = 0 ] && podman image exists "$image:$key"; then
     say "$image:$key is up to date (same inputs; --refresh fetches the wheels again)"
@@ -119,7 +146,7 @@ build() {
     context=$("$make_context")
     # names and sizes of the wheels, plus ci_relay's own (built reproducibly, so unchanged
     # sources give the same bytes): the same inputs reuse the image
-    digest=$( (file_hashes "$file"; podman image inspect --format '{{.Id}}' "$base"; echo "$*"
+    digest=$( (file_hashes "$file"; base_id; echo "$*"
                parent_ids "$@"; find "$context" -type f ! -name Containerfile -printf '%P %s\n' | sort
                { cat "$context"/own/ci_relay-*.whl "$context"/*.sh 2>/dev/null || true; } | sha256sum) \
               | sha256sum | cut -c1-16)
@@ -141,6 +168,9 @@ build() {
     | xargs -r podman rmi >/dev/null 2>&1 || true
 }
 
+base_id() {  # the base image's id; a vendor image not pulled yet: its name (the build pulls it)
+  podman image inspect --format '{{.Id}}' "$base" 2>/dev/null || echo "$base"
+}
 file_hashes() {  # name and content of each existing file, not where the checkout is
   local f
   for f in "$@"; do
@@ -153,15 +183,14 @@ parent_ids() {  # the image ids of local images named in build args (a rebuilt p
     case $arg in *=localhost/*) podman image inspect --format '{{.Id}}' "${arg#*=}" ;; esac
   done
 }
-spyre_wheelhouse_listing() { find "$CI_RELAY_SPYRE_WHEELHOUSE" -type f -printf '%f %s\n' | sort; }
-spyre_context() {
-  local ctx="$work/runner-spyre"
-  rm -rf "$ctx" && cp -r "$(runner_wheels)" "$ctx"
-  cp "$CI_RELAY_SPYRE_WHEELHOUSE"/*.whl "$ctx/wheels/"
+runner_context() {  # a runner's context: the shared wheelhouse (or none on another runner
+  # image), plus the wheels folder its declaration names
+  local ctx="$work/runner-$backend"
+  if [ -z "$from_backend" ] && [ -z "$wheels" ]; then runner_wheels; return; fi
+  rm -rf "$ctx"
+  if [ -z "$from_backend" ]; then cp -r "$(runner_wheels)" "$ctx"; else mkdir -p "$ctx/wheels"; fi
+  if [ -n "$wheels" ]; then cp "$wheels"/*.whl "$ctx/wheels/"; fi
   echo "$ctx"
-}
-runner_context() {  # runner-spyre-emu: no wheels of its own, an empty context
-  mkdir -p "$work/runner-spyre-emu/wheels" && echo "$work/runner-spyre-emu"
 }
 service_context() {  # redis, postgres: the service's own scripts from docker/, no wheels
   local ctx="$work/$name"
@@ -170,24 +199,33 @@ service_context() {  # redis, postgres: the service's own scripts from docker/, 
   echo "$ctx"
 }
 
+build_runner() {  # build_runner BACKEND: its parent runner first (from_backend), then its own
+  local backend=$1 from_backend base_image wheels debian requires
+  eval "$(cat "$plans/$backend/vars")"
+  base_image=$(expand "$base_image" "$requires")
+  wheels=$(expand "$wheels" "$requires")
+  if [ -n "$wheels" ] && [ ! -d "$wheels" ]; then say "runner-$backend: no wheels folder $wheels"; exit 2; fi
+  if [ -n "$from_backend" ]; then
+    build_runner "$from_backend"
+    base=$built
+  elif [ -n "$base_image" ]; then
+    base=$base_image
+  else
+    base=$(python_base "$debian")
+  fi
+  build "runner-$backend" "$plans/$backend/Containerfile" runner_context
+}
+
 for target in "${targets[@]}"; do
-  case $target in
-    redis|postgres) base=$(services_base) ;;
-    *) base=$(python_base) ;;
-  esac
+  wheels=""
   case $target in
     redis|postgres)
+      base=$(services_base)
       build "$target" "$root/docker/$target.Containerfile" service_context ;;
-    runner-cpu)
-      build runner-cpu "$root/docker/runner-cpu.Containerfile" runner_wheels ;;
-    runner-spyre-emu)  # the cpu runner plus the emulated device's test settings
-      build runner-cpu "$root/docker/runner-cpu.Containerfile" runner_wheels
-      build runner-spyre-emu "$root/docker/runner-spyre-emu.Containerfile" runner_context \
-        --build-arg RUNNER_CPU="$built" ;;
-    runner-spyre)
-      build runner-spyre "$root/docker/runner-spyre.Containerfile" spyre_context \
-        --build-arg SPYRE_BASE="$CI_RELAY_SPYRE_BASE_IMAGE" ;;
     relay)
+      base=$(python_base)
       build relay "$root/docker/relay.Containerfile" relay_wheels ;;
+    runner-*)
+      build_runner "${target#runner-}" ;;
   esac
 done

@@ -38,13 +38,13 @@ from pathlib import Path
 from ci_relay.execution.crashes import ProgressReader, crash_details, why_it_died
 from ci_relay.execution.runtimes import Completed, Invocation, Limits, Runtime
 from ci_relay.execution.spec_run import TestOutcome
+from reuse_specs.backends import Backend, UnknownBackend, get_backend
 
-# + specs/: what a wipe of scratch keeps
+# + specs/ and backend/: what a wipe of scratch keeps
 RUNNER_FILES = ("tests-", "deselect-", "progress-", "coverage-")
 RERUN_AT_MOST = 20
 TAIL_SECONDS = 1.0  # how often a running child's new results are handed on
 MUST_PASS = (None, "mandatory_success")  # the modes whose failures are rerun for flakes
-FORK_UNSAFE_BACKENDS = frozenset({"spyre"})  # a card's runtime, unverified after fork()
 
 OnResults = Callable[[list[TestOutcome]], None]
 log = logging.getLogger("ci_relay.execution")
@@ -77,7 +77,10 @@ class ShardRequest:
     def restarts_in_process(self) -> bool:
         if self.restart_in_process is not None:
             return self.restart_in_process
-        return self.backend not in FORK_UNSAFE_BACKENDS
+        try:  # the declaration's fork_safe: a card's runtime may be unverified after fork()
+            return get_backend(self.backend).fork_safe
+        except UnknownBackend:
+            return True  # the child refuses the name itself
 
 
 @dataclass
@@ -214,9 +217,9 @@ def _write(path: Path, data: bytes) -> None:
 def free_scratch(scratch: Path) -> None:
     """After a child went over its disk quota: everything it could write goes (its work
     folder, with HOME and TMPDIR), the runner's own files (tests-*, deselect-*,
-    progress-*, specs/) stay. rmtree never follows a symlink out of scratch."""
+    progress-*, specs/, backend/) stay. rmtree never follows a symlink out of scratch."""
     for entry in list(scratch.iterdir()) if scratch.is_dir() else []:
-        own = entry.name.startswith(RUNNER_FILES) or entry.name == "specs"
+        own = entry.name.startswith(RUNNER_FILES) or entry.name in ("specs", "backend")
         if own and not entry.is_symlink():
             continue
         if entry.is_dir() and not entry.is_symlink():
@@ -247,10 +250,13 @@ def _command(
     deselect: Path,
     progress: Path,
     coverage: Path | None = None,
+    backends_dir: Path | None = None,
 ) -> list[str]:
     argv = [python, "-m", "ci_relay.execution.shard_child", "--upstream", str(request.upstream)]
     for spec in specs:
         argv += ["--spec", str(spec)]
+    if backends_dir is not None:
+        argv += ["--backends-dir", str(backends_dir)]
     argv += ["--backend", request.backend, "--tests", str(tests), "--deselect", str(deselect)]
     argv += ["--progress", str(progress), "--per-test-timeout", str(request.per_test_timeout)]
     if request.label:
@@ -260,6 +266,29 @@ def _command(
     if coverage is not None:
         argv += ["--coverage-stream", str(coverage)]
     return argv
+
+
+def _copy_declaration(name: str, folder: Path) -> Path | None:
+    """A declared backend that does not ship with ci-relay goes to the runtime as the specs
+    do (the runtime sees only upstream and scratch): its declaration and the files it names,
+    at the same places relative to each other. None for a bundled (or unknown) backend."""
+    try:
+        backend: Backend = get_backend(name)
+    except UnknownBackend:
+        return None
+    if backend.bundled or backend.declaration is None:
+        return None
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        folder.unlink()
+    folder.mkdir(exist_ok=True)
+    folder.chmod(0o755)
+    home = backend.declaration.parent
+    for path in (backend.declaration, *backend.files):
+        copy = folder / path.relative_to(home)
+        for parent in reversed(copy.relative_to(folder).parents[:-1]):
+            (folder / parent).mkdir(mode=0o755, exist_ok=True)
+        _write(copy, path.read_bytes())
+    return folder
 
 
 def _attempt(
@@ -291,8 +320,18 @@ def _attempt(
         copy = specs_dir / f"{i}-{spec.name}"
         _write(copy, spec.read_bytes())
         specs.append(copy)
+    backends_dir = _copy_declaration(request.backend, scratch / "backend")
     invocation = Invocation(
-        _command(runtime.python, specs, request, tests_file, deselect_file, progress, coverage),
+        _command(
+            runtime.python,
+            specs,
+            request,
+            tests_file,
+            deselect_file,
+            progress,
+            coverage,
+            backends_dir,
+        ),
         request.upstream,
         scratch,
         request.env,

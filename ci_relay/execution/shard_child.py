@@ -10,7 +10,10 @@ already done (drift report, summary table). Its stdout is pytest's, sent to /dev
 
     python -m ci_relay.execution.shard_child --upstream DIR --spec FILE ... --backend NAME
         --tests FILE --deselect FILE --progress FILE [--per-test-timeout SECONDS]
-        [--label LABEL] [--restart-in-process] [--coverage-stream FILE]
+        [--label LABEL] [--restart-in-process] [--coverage-stream FILE] [--backends-dir DIR]
+
+``--backends-dir``: the copy of a declared backend's declaration the runner put in scratch
+(a backend that does not ship with ci-relay; :func:`ci_relay.execution.shard._copy_declaration`).
 
 With ``--coverage-stream`` each test's executed functions are appended to FILE as it ends
 (``test_selection.coverage_recorder``): the relay's per-test coverage map, recorded where the
@@ -32,7 +35,12 @@ from ci_relay.execution.spec_run import (
     pytest_args,
     run_pytest,
 )
-from reuse_specs.backends import BackendUnavailable, UnknownBackend, get_backend
+from reuse_specs.backends import (
+    BackendUnavailable,
+    UnknownBackend,
+    add_backends_dir,
+    get_backend,
+)
 from reuse_specs.errors import SpecErrors
 from reuse_specs.loader import load_specs
 
@@ -49,8 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default=None)
     parser.add_argument("--restart-in-process", action="store_true")
     parser.add_argument("--coverage-stream", type=Path, default=None)
+    parser.add_argument("--backends-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     upstream = args.upstream.resolve()
+    if args.backends_dir is not None:
+        add_backends_dir(args.backends_dir)
     try:
         backend = get_backend(args.backend)
         backend.check()

@@ -23,7 +23,7 @@ BASE_ENV_ALLOWLIST = ("PATH", "LANG", "LC_ALL", "TZ", "OPENBLAS_CORETYPE", "OPEN
 PODMAN_SOCKET = "unix:///run/ci-relay/podman.sock"
 BUILD_HINT = "ci-relay images build"
 NOBODY = 65534  # the sandbox's default host user and group when the worker is root
-CONTAINER_USER = "1000:1000"  # the runner images' `runner` user (docker/runner-*.Containerfile)
+CONTAINER_USER = "1000:1000"  # the runner images' `runner` user (docker/runner.Containerfile)
 CHILD_PACKAGES = ("ci_relay", "reuse_specs", "spyre_emu", "test_selection")
 
 MAX_OUTPUT_BYTES = 1024 * 1024  # of a process's output kept in memory: head and tail
