@@ -305,5 +305,5 @@ def test_record_with_installed_keeps_the_installed_package_and_the_checkouts_nam
     assert set(index.reaches(index.resolve("pkg/core.py", "_impl_3"))) == {
         "tests/test_core.py::test_case_03"
     }
-    bad = cli("coverage", "record", "--upstream", repo.path, "-o", out, "--installed", "../x")
+    bad = cli("coverage", "record", "--upstream", repo.path, "-o", out, "--installed", "x/y")
     assert bad.code == 2 and "not a package name" in bad.output
