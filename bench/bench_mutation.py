@@ -331,10 +331,11 @@ def _baseline(
 def within(result: ml.RunResult, files: list[str], tests: set[str] | None) -> ml.RunResult:
     """The part of ``result`` (a baseline) in a mutant's scope: its files, and its tests."""
     out = ml.RunResult()
-    wanted = set(files)
+    everything = "." in files  # --scope all without --tests: every test of the checkout
     for nodeid, outcome in result.outcomes.items():
         generic = result.generic.get(nodeid, nodeid)
-        if "." not in wanted and nodeid.split("::", 1)[0] not in wanted:
+        file = nodeid.split("::", 1)[0]
+        if not everything and not any(_within(file, f) for f in files):  # a file or a folder
             continue
         if tests is not None and generic not in tests:
             continue

@@ -267,3 +267,5 @@ def test_the_whole_file_spec_and_a_mutants_share_of_the_baseline(
         "a.py::T::u_cpu"
     }
     assert len(bench.within(baseline, ["."], None).outcomes) == 3
+    nested = ml.RunResult(outcomes={"tests/a.py::t": "passed", "other/b.py::u": "passed"})
+    assert set(bench.within(nested, ["tests"], None).outcomes) == {"tests/a.py::t"}
