@@ -3,14 +3,13 @@ before it is used, and the declaration format's JSON Schema for editors."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from ci_relay.cli.common import _fail, _register_backends, _report_spec_errors, err, out
+from ci_relay.cli.common import _emit_schema, _fail, _register_backends, _report_spec_errors, out
 from reuse_specs.backends import (
     BACKENDS,
     BACKENDS_DIR_ENV,
@@ -78,12 +77,4 @@ def backends_schema(
     """
     from reuse_specs.backend_schema import backend_json_schema
 
-    text = json.dumps(backend_json_schema(), indent=2, sort_keys=True) + "\n"
-    if output is None:
-        typer.echo(text, nl=False)
-        return
-    try:
-        output.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise _fail(f"cannot write {output}: {exc.strerror}") from None
-    err.print(f"wrote the backend schema to {output}")
+    _emit_schema(backend_json_schema(), output, "backend")

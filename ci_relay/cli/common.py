@@ -61,6 +61,21 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _emit_schema(schema: dict[str, object], output: Path | None, what: str) -> None:
+    """A JSON Schema on stdout, or written to ``output`` (``what``: whose, for the message)."""
+    import json
+
+    text = json.dumps(schema, indent=2, sort_keys=True) + "\n"
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise _fail(f"cannot write {output}: {exc.strerror}") from None
+    err.print(f"wrote the {what} schema to {output}")
+
+
 def _spec_files(paths: list[Path]) -> list[Path]:
     """Files as given; a directory stands for the YAML files directly in it."""
     files: list[Path] = []

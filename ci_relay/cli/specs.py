@@ -16,6 +16,7 @@ from ci_relay.cli.common import (
     LabelOpt,
     UpstreamOpt,
     _check_backend,
+    _emit_schema,
     _fail,
     _load_for_run,
     _print_input_generation,
@@ -93,15 +94,7 @@ def specs_schema(
     """
     from reuse_specs.schema import json_schema
 
-    text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
-    if output is None:
-        typer.echo(text, nl=False)
-        return
-    try:
-        output.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise _fail(f"cannot write {output}: {exc.strerror}") from None
-    err.print(f"wrote the spec schema to {output}")
+    _emit_schema(json_schema(), output, "spec")
 
 
 @specs_app.command("profile-check")
