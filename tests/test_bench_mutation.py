@@ -153,15 +153,21 @@ def test_a_caught_and_an_equivalent_mutant_on_the_sample_upstream(
     assert f"equivalent: {EQUIVALENT}:raise:0" in report
 
 
+def _package(tmp_path: Path, core: str) -> Path:
+    """A checkout holding the package ``pkg`` whose ``core.py`` is ``core``."""
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "__init__.py").write_text("")
+    (repo / "pkg" / "core.py").write_text(core)
+    return repo
+
+
 def test_the_runner_counts_a_hang_and_a_crash_as_failing_and_goes_on(
     bench: ModuleType, tmp_path: Path
 ) -> None:
     ml = sys.modules["mutation_lib"]
-    repo = tmp_path / "repo"
-    (repo / "pkg").mkdir(parents=True)
-    (repo / "pkg" / "__init__.py").write_text("")
     code = "import os\nimport time\n\n\ndef step(x):\n    return x + 1\n"
-    (repo / "pkg" / "core.py").write_text(code)
+    repo = _package(tmp_path, code)
     (repo / "test_core.py").write_text(
         "from pkg.core import step\n\n"
         "def test_a():\n    assert step(1) == 2\n\n"
@@ -207,11 +213,8 @@ def test_a_mutant_that_breaks_a_test_module_at_import_fails_its_tests(
     the module's tests (passed unmutated) are the truth, not an error of the run; ``only``
     runs just the tests named."""
     ml = sys.modules["mutation_lib"]
-    repo = tmp_path / "repo"
-    (repo / "pkg").mkdir(parents=True)
-    (repo / "pkg" / "__init__.py").write_text("")
     code = "def table():\n    return {'a': 1}\n\n\ndef step(x):\n    return x + 1\n"
-    (repo / "pkg" / "core.py").write_text(code)
+    repo = _package(tmp_path, code)
     (repo / "test_table.py").write_text(
         "from pkg.core import table\n\nTABLE = table()\n\n"
         "def test_t():\n    assert TABLE['a'] == 1\n"
