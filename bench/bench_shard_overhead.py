@@ -17,8 +17,9 @@ small one such as ``test_view_ops.py``). The spec is a whole-file spec: every te
 pass and only the dtypes it names run (the rest are skipped, as torch-spyre's
 ``supported_dtypes`` does).
 
-``--split`` (issue 27, item 8) runs one round of each step between the two ends instead, so
-the difference each adds is printed: collection alone; pytest+plugin on the host; the same
+``--split`` (issue 27, item 8) runs each step between the two ends instead (one round, or
+``--split-rounds N`` rounds in turn, medians), so the difference each adds is printed, in
+seconds and in ms per variant: collection alone; pytest+plugin on the host; the same
 with the progress plugin (its JSON-lines log and the per-test timeout watchdog); the shard
 through the ``local`` runtime (the child process, the runner tailing its log, restarts); the
 shard in the isolating runtime (``--runtime``). Each step's peak memory (the largest sum of
@@ -31,6 +32,17 @@ baseline, with the runner holding every result until the shard ends (``run_shard
 ``on_results``). Printed for each: the peak memory of the runner's own process (what the
 worker adds for the shard, above where it started) and of the shard's processes (PSS), and
 the results each got.
+
+``--cli`` (issue 37) times what a user runs, the command line both ways, in alternating order
+(in process, isolated, in process, isolated, ...: the page cache favours neither):
+``ci-relay run --spec S --upstream ROOT --backend B`` against the same with ``--runtime R``.
+Printed: each run, the counts of each (they must match), the median ratio isolated / in
+process, the ratio of each round's pair, and the cost per variant in ms (the medians'
+difference over the variants run; goal <= 2 ms, ratio <= 1.10).
+
+``--load N`` (any mode) keeps N busy processes running beside the bench (one core's worth
+of load with N = 1, as on a shared CI machine): a per-test cost that hides in a thread
+handoff or a wake-up shows there, not on a quiet machine.
 
 ``--coverage`` (issue 34) runs the shard as the relay's nightly does, recording which
 functions each test executes (``record_coverage``: the recorder in every test process,
@@ -235,8 +247,8 @@ def _descendants_rss_kb(root: int, pss: bool = False) -> int:
 
 
 def _split(args: argparse.Namespace, runtime: Runtime, test_file: Path, root: Path) -> None:
-    """One round of each step from plain pytest to the isolated shard, with the seconds and
-    the peak memory each adds."""
+    """Each step from plain pytest to the isolated shard, in turn, ``--split-rounds`` times:
+    the seconds (median), ms per variant and peak memory each adds."""
     tests = generic_test_ids(test_file, root)
     with tempfile.TemporaryDirectory(prefix="bench-split-") as tmp:
         work = Path(tmp)
@@ -279,22 +291,35 @@ def _split(args: argparse.Namespace, runtime: Runtime, test_file: Path, root: Pa
                 shard(runtime, runtime.name),
             ),
         ]
-        print(f"{'step':34} {'seconds':>8} {'added':>8} {'peak MB':>8}  what the step adds")
+        took: dict[str, list[float]] = {name: [] for name, _adds, _run in steps}
+        peak: dict[str, float] = dict.fromkeys(took, 0.0)
+        for i in range(args.split_rounds):
+            for name, _adds, run in steps:  # the same order each round: ABCDE ABCDE
+                with PeakMemory() as memory:
+                    start = time.perf_counter()
+                    result = run()
+                    took[name].append(time.perf_counter() - start)
+                peak[name] = max(peak[name], memory.peak_kb / 1024)
+                print(f"  round {i + 1}: {name} {took[name][-1]:.1f}s", flush=True)
+                if isinstance(result, ShardReport) and i == 0:
+                    counts = _shard_counts(result)
+                    print(
+                        f"    {sum(counts.values())} results {dict(sorted(counts.items()))}, "
+                        f"{result.processes} process(es), {len(result.crashed)} crashed"
+                    )
+        variants = sum(_junit_counts(work / "host.xml").values()) or 1
+        print(
+            f"{'step':34} {'seconds':>8} {'added':>8} {'ms/var':>7} {'peak MB':>8}  "
+            "what the step adds (medians)"
+        )
         before: float | None = None
-        for name, adds, run in steps:
-            with PeakMemory() as memory:
-                start = time.perf_counter()
-                result = run()
-                took = time.perf_counter() - start
-            added = "" if before is None else f"{took - before:+8.1f}"
-            print(f"{name:34} {took:8.1f} {added:>8} {memory.peak_kb / 1024:8.0f}  {adds}")
-            if isinstance(result, ShardReport):
-                counts = _shard_counts(result)
-                print(
-                    f"{'':34} {sum(counts.values())} results {dict(sorted(counts.items()))}, "
-                    f"{result.processes} process(es), {len(result.crashed)} crashed"
-                )
-            before = took
+        for name, adds, _run in steps:
+            med = statistics.median(took[name])
+            added = per = ""
+            if before is not None:
+                added, per = f"{med - before:+8.1f}", f"{(med - before) / variants * 1000:+7.2f}"
+            print(f"{name:34} {med:8.1f} {added:>8} {per:>7} {peak[name]:8.0f}  {adds}")
+            before = med
         print(f"variants, pytest+plugin host: {dict(_junit_counts(work / 'host.xml'))}")
 
 
@@ -380,6 +405,77 @@ def _coverage(args: argparse.Namespace, runtime: Runtime, test_file: Path, root:
         print(f"ratio recording / plain = {recording / plain:.3f} (goal <= 1.5)")
 
 
+class Load:
+    """``n`` busy-looping processes while the block runs: a machine whose other core (or
+    part of this one) is taken, as when a CI job shares it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> Load:
+        spin = "while True:\n    pass"
+        self.procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(self.n)]
+        if self.n:
+            print(f"load: {self.n} busy process(es) beside the bench", flush=True)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
+def _cli(args: argparse.Namespace, test_file: Path, root: Path) -> None:
+    """``ci-relay run`` in process against ``ci-relay run --runtime R``, alternating."""
+    with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
+        work = Path(tmp)
+        spec, _ini = _write_inputs(work, test_file, args.dtypes)
+        base = [sys.executable, "-m", "ci_relay", "run", "--spec", str(spec)]
+        base += ["--upstream", str(root), "--backend", args.backend]
+        modes = {"in process": [], f"--runtime {args.runtime}": ["--runtime", args.runtime]}
+        times: dict[str, list[float]] = {mode: [] for mode in modes}
+        counts: dict[str, Counter[str]] = {}
+        print(
+            f"{test_file.name} on {args.backend}: ci-relay run, in process and with --runtime "
+            f"{args.runtime}; {args.rounds} round(s), alternating",
+            flush=True,
+        )
+        for i in range(args.rounds):
+            for n, (mode, extra) in enumerate(modes.items()):
+                junit = work / f"run-{i}-{n}.xml"
+                start = time.perf_counter()
+                done = subprocess.run(
+                    [*base, *extra, "--junit", str(junit)],
+                    cwd=work,
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                times[mode].append(time.perf_counter() - start)
+                if done.returncode not in (0, 1) or not junit.is_file():
+                    sys.exit(f"{mode}: exit {done.returncode}\n{done.stdout[-3000:]}{done.stderr}")
+                counts[mode] = _junit_counts(junit)
+                print(f"  round {i + 1}: {mode} {times[mode][-1]:.1f}s", flush=True)
+        for mode, c in counts.items():
+            print(f"variants, {mode}: {sum(c.values())} {dict(sorted(c.items()))}")
+        totals = {sum(c.values()) for c in counts.values()}
+        if len(totals) != 1:
+            print("  COUNTS DIFFER: they did not run the same variants")
+        inside, isolated = (times[mode] for mode in modes)
+        pairs = ", ".join(f"{b / a:.3f}" for a, b in zip(inside, isolated, strict=True))
+        med_in, med_iso = statistics.median(inside), statistics.median(isolated)
+        variants = max(totals)
+        print(f"median: in process {med_in:.1f}s, --runtime {args.runtime} {med_iso:.1f}s")
+        ratio = med_iso / med_in
+        print(f"ratio --runtime {args.runtime} / in process = {ratio:.3f} (goal <= 1.10)")
+        print(f"ratio per round (alternating pairs): {pairs}")
+        print(
+            f"cost per variant = {(med_iso - med_in) / variants * 1000:.2f} ms "
+            f"over {variants} variants (goal <= 2 ms)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("file", type=Path, help="ROOT/test/test_x.py, a real PyTorch test file")
@@ -387,18 +483,35 @@ def main() -> None:
     parser.add_argument("--runtime", default="container", choices=["container", "sandbox"])
     parser.add_argument("--dtypes", default="float16,float32", help="the spec's supported dtypes")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--split", action="store_true", help="one round of each step between")
+    parser.add_argument("--split", action="store_true", help="each step between, in turn")
+    parser.add_argument(
+        "--split-rounds", type=int, default=1, help="rounds of --split's steps (medians)"
+    )
     parser.add_argument(
         "--memory", action="store_true", help="the runner's memory, streamed against held"
     )
     parser.add_argument(
         "--coverage", action="store_true", help="the shard recording coverage, against without"
     )
+    parser.add_argument(
+        "--cli", action="store_true", help="ci-relay run in process against --runtime, alternating"
+    )
+    parser.add_argument(
+        "--load", type=int, default=0, metavar="N", help="N busy processes beside the bench"
+    )
     args = parser.parse_args()
     test_file = args.file.resolve()
     root = test_file.parent.parent
     if test_file.parent.name != "test" or not test_file.is_file():
         sys.exit(f"{args.file}: expected ROOT/test/<file>.py (a PyTorch-shaped folder)")
+    with Load(args.load):
+        _measure(args, test_file, root)
+
+
+def _measure(args: argparse.Namespace, test_file: Path, root: Path) -> None:
+    if args.cli:
+        _cli(args, test_file, root)
+        return
     runtime = get_runtime(args.runtime, args.backend)
     if args.split:
         _split(args, runtime, test_file, root)
