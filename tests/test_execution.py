@@ -385,6 +385,27 @@ def test_sandbox_binds_only_what_the_child_needs(tmp_path: Path) -> None:
     assert prlimit[0].endswith("prlimit") and "--core=0" in prlimit
 
 
+@pytest.mark.parametrize("asked", [None, "ACTIVE"])
+def test_openmp_workers_sleep_in_a_shard_unless_asked_to_spin(
+    asked: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: a spinning OpenMP worker took the tests' core on a loaded machine. The
+    child sees PASSIVE unless the worker's environment (here) or the request names one."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    if asked is not None:
+        monkeypatch.setenv("OMP_WAIT_POLICY", asked)
+    (tmp_path / "up").mkdir(mode=0o755)
+    probe = "import os; print('policy=' + os.environ.get('OMP_WAIT_POLICY', 'unset'))"
+    runtime = get_runtime("sandbox", "cpu")
+    done = runtime.run(Invocation([runtime.python, "-c", probe], tmp_path / "up", tmp_path / "s"))
+    assert done.returncode == 0, done.output
+    assert f"policy={asked or 'PASSIVE'}" in done.output
+    other = "PASSIVE" if asked == "ACTIVE" else "ACTIVE"  # a request's env wins over both
+    env = {"OMP_WAIT_POLICY": other}
+    inv = Invocation([runtime.python, "-c", probe], tmp_path / "up", tmp_path / "s", env)
+    assert f"policy={other}" in runtime.run(inv).output
+
+
 def test_sandbox_refuses_without_its_tools(monkeypatch: pytest.MonkeyPatch) -> None:
     real_which = shutil.which
     for tool, why in (("bwrap", "bubblewrap is not installed"), ("prlimit", "prlimit is missing")):

@@ -19,6 +19,12 @@ from typing import Protocol
 
 # Variables a shard may see; everything else of the worker's environment (secrets!) stays out.
 BASE_ENV_ALLOWLIST = ("PATH", "LANG", "LC_ALL", "TZ", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+# OpenMP's idle workers sleep instead of spinning, unless the worker's environment or the
+# request says otherwise. With one core busy elsewhere, a sandboxed shard's spinning torch
+# worker used almost as much CPU as its tests (issue 37: part of test_unary_ufuncs.py took
+# 2.4x its in-process time, 0.95x with PASSIVE); the shard runs in a session of its own,
+# likely a scheduling group of its own too, where the spinner's time is the tests' time.
+OMP_WAIT_POLICY = "PASSIVE"
 
 PODMAN_SOCKET = "unix:///run/ci-relay/podman.sock"
 BUILD_HINT = "ci-relay images build"
@@ -97,6 +103,7 @@ def work_dir(scratch: Path) -> Path:
 
 def shard_env(extra: dict[str, str], scratch: Path) -> dict[str, str]:
     env = {k: os.environ[k] for k in BASE_ENV_ALLOWLIST if k in os.environ}
+    env["OMP_WAIT_POLICY"] = os.environ.get("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
     work = work_dir(scratch)
     env.update(
         HOME=str(work),
