@@ -144,6 +144,37 @@ def test_a_hang_after_fast_tests_is_killed_at_its_timeout(tmp_path: Path) -> Non
     assert TIMEOUT_MARK in reader.since_start and "test_hang" in reader.since_start
 
 
+def test_a_hang_right_after_a_failure_is_killed_at_its_timeout(tmp_path: Path) -> None:
+    """pytest cancels the watchdog after each failure: a hang that starts within the slack
+    of a failing test (unittest runs methods by name, so a failing ``test_fails`` runs
+    just before ``test_hang``) is still killed, and so is one in a failed test's teardown."""
+    done, log = _run(
+        tmp_path,
+        "import time, unittest\n"
+        "class T(unittest.TestCase):\n"
+        "    def test_fails(self):\n        self.assertEqual(1, 2)\n"
+        "    def test_hang(self):\n        time.sleep(600)\n",
+        timeout=3,
+    )
+    results, reader = _results(log)
+    assert results == {"test_many.py::T::test_fails": "failed"}
+    assert reader.running == "test_many.py::T::test_hang"
+    assert TIMEOUT_MARK in reader.since_start and "test_hang" in reader.since_start
+    assert done.returncode != 0
+    (tmp_path / "teardown").mkdir()
+    done, log = _run(
+        tmp_path / "teardown",
+        "import time, pytest\n"
+        "@pytest.fixture\n"
+        "def stuck():\n    yield\n    time.sleep(600)\n"
+        "def test_fails_then_hangs(stuck):\n    assert False\n",
+        timeout=3,
+    )
+    _results_after, reader = _results(log)
+    assert reader.running == "test_many.py::test_fails_then_hangs"
+    assert TIMEOUT_MARK in reader.since_start and "stuck" in reader.since_start
+
+
 @pytest.mark.parametrize("timeout, slack", [(600.0, 1.0), (5.0, 0.05)])
 def test_the_rearm_slack_is_at_most_one_percent_of_the_timeout(
     timeout: float, slack: float, tmp_path: Path

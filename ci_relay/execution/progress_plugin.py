@@ -16,7 +16,8 @@ machine a per-test thread handoff cost milliseconds, times 25,000 variants):
   arm's thread is joined), so it is re-armed at a test's start only when its last arm is more
   than ``REARM_SLACK`` old: every test still gets at least its timeout minus that slack (1 s,
   or 1 % of a short timeout), and a shard of fast tests arms it about once a second instead
-  of once per test. It is cancelled once, when the last test ends.
+  of once per test. It is cancelled once, when the last test ends. pytest's faulthandler
+  plugin cancels it after every failure, so a failure re-arms it at once.
 """
 
 from __future__ import annotations
@@ -99,6 +100,20 @@ class ProgressLog:
         assert self.timeout is not None
         faulthandler.dump_traceback_later(self.timeout, exit=True, file=self.fd)
         self.armed_at = now
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_exception_interact(self) -> None:
+        """pytest's own faulthandler plugin cancels the watchdog here (after every failed
+        phase, tryfirst); arm it again at once, or the next tests within the slack, and this
+        one's teardown, would run with no timeout at all (a hang after a failure hung the
+        shard until its wall-clock limit)."""
+        if self.armed_at is not None:
+            self.armed_at = None
+            self._arm()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_enter_pdb(self) -> None:
+        self.armed_at = None  # cancelled for a person debugging; the next test arms it again
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if is_final(report):
