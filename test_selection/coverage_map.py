@@ -18,7 +18,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -30,6 +30,7 @@ MAX_DEPTH = 15  # calls from the test; deeper ones are stored as this
 REVISION = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64}|working-tree)$")
 # what a test did that the recorder could not follow: still recorded, with this flag
 FLAGS = frozenset({"threads", "processes", "profiler-replaced", "failed-to-record"})
+MAX_ERRORS = 20  # collection errors kept in a map
 
 Function = tuple[str, str]  # (file as the repository names it, qualified name)
 
@@ -50,6 +51,10 @@ class CoverageMap:
     tests: dict[str, dict[Function, int]] = field(default_factory=dict)
     flags: dict[str, set[str]] = field(default_factory=dict)
     seconds: float = 0.0  # time spent recording (tests included)
+    # what pytest collected where the map was recorded (None: not known, e.g. a relay
+    # shard's streams) and the first collection errors, "node id: last line"
+    collected: int | None = None
+    collection_errors: list[str] = field(default_factory=list)
 
     def add(self, test: str, functions: Mapping[Function, int], flags: Iterable[str] = ()) -> None:
         """Merge one test's functions (a test recorded twice, e.g. per variant, keeps the union
@@ -106,6 +111,8 @@ class CoverageMap:
             "sets": entries,
             "tests": tests,
             "flags": {t: sorted(v) for t, v in sorted(self.flags.items())},
+            "collected": self.collected,
+            "collection_errors": self.collection_errors[:MAX_ERRORS],
         }
 
     @classmethod
@@ -131,6 +138,11 @@ class CoverageMap:
                 result.tests[str(test)] = {functions[i]: d for i, d in sets[int(number)]}
             for test, marks in data.get("flags", {}).items():
                 result.flags[str(test)] = set(map(str, marks)) & FLAGS
+            collected = data.get("collected")
+            result.collected = None if collected is None else int(collected)
+            result.collection_errors = [str(e) for e in data.get("collection_errors") or ()][
+                :MAX_ERRORS
+            ]
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise CoverageMapError(f"{source}: a damaged coverage map ({exc!r})") from None
         if not REVISION.match(result.revision):
@@ -157,6 +169,24 @@ class CoverageMap:
         return cls.from_json(data, source=str(path))
 
 
+def refusal(cmap: CoverageMap, error: str | None = None) -> str | None:
+    """Why a map must not be used, or None: it recorded no test, or the run that recorded
+    it ended in a collection error (the tests of the files that failed would look newer
+    than the map). ``error``: how the run that recorded it ended, when it failed."""
+    if cmap.collection_errors:
+        more = len(cmap.collection_errors) - 1
+        return f"pytest could not collect the tests: {cmap.collection_errors[0]}" + (
+            f" (and {more} more)" if more > 0 else ""
+        )
+    if error:
+        return f"the run that recorded it failed: {error}"
+    if not cmap.tests:
+        if cmap.collected == 0:
+            return "pytest collected no test"
+        return "it recorded no test"
+    return None
+
+
 @dataclass(frozen=True)
 class Reach:
     """How a test reached a changed function: which one, in how many calls, and how much
@@ -165,6 +195,7 @@ class Reach:
     function: Function
     depth: int
     executed: int
+    functions: int = 1  # how many of the changed functions the test executed
 
     @property
     def specificity(self) -> float:
@@ -203,14 +234,17 @@ class CoverageIndex:
         return found
 
     def reaches(self, functions: Iterable[Function]) -> dict[str, Reach]:
-        """Each test that executed any of ``functions``, with its most specific reach."""
+        """Each test that executed any of ``functions``, with its most specific reach and
+        how many of them it executed."""
         best: dict[str, Reach] = {}
-        for function in functions:
+        count: dict[str, int] = {}
+        for function in dict.fromkeys(functions):  # once each, in order (ties: the first)
             for test, depth in self.by_function.get(function, ()):
+                count[test] = count.get(test, 0) + 1
                 reach = Reach(function, depth, self.size[test])
                 if test not in best or reach.specificity > best[test].specificity:
                     best[test] = reach
-        return best
+        return {test: replace(reach, functions=count[test]) for test, reach in best.items()}
 
 
 def read_streams(
@@ -242,6 +276,9 @@ def read_streams(
                     elif "t" in record:
                         functions = {names[(pid, int(i))]: int(d) for i, d in record["s"]}
                         cmap.add(str(record["t"]), functions, map(str, record.get("flags", ())))
+                    elif "e" in record:
+                        if len(cmap.collection_errors) < MAX_ERRORS:
+                            cmap.collection_errors.append(str(record["e"])[:400])
                     elif record.get("format") != STREAM_FORMAT:
                         skipped += 1
                 except (ValueError, KeyError, TypeError):

@@ -37,7 +37,13 @@ from typing import Any, cast
 
 import pytest
 
-from test_selection.coverage_map import MAX_DEPTH, STREAM_FORMAT, CoverageMap, Function
+from test_selection.coverage_map import (
+    MAX_DEPTH,
+    MAX_ERRORS,
+    STREAM_FORMAT,
+    CoverageMap,
+    Function,
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -157,6 +163,12 @@ class StreamWriter:
     def _line(self, record: dict[str, Any]) -> None:
         os.write(self.fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
 
+    def collection_error(self, text: str) -> None:
+        """A file that failed to collect (``{"pid", "e": text}``): the map must say so."""
+        if os.getpid() != self.pid:
+            self._reset()
+        self._line({"pid": self.pid, "e": text})
+
     def add(self, test: str, functions: dict[Function, int], flags: set[str]) -> None:
         if os.getpid() != self.pid:
             self._reset()
@@ -191,6 +203,7 @@ class Recorder:
         )
         self.current_flags: set[str] | None = None
         self.started = time.monotonic()
+        self.collection_errors: list[str] = []
         threading.setprofile(self._thread_started)
         sys.addaudithook(self._audit)
 
@@ -276,9 +289,22 @@ class Recorder:
                 out[function] = value
         return out
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """Remember what failed to collect (a map of half the tests must say so)."""
+        if report.failed:
+            lines = [x for x in str(report.longrepr or "").strip().splitlines() if x.strip()]
+            last = (lines[-1] if lines else "error").strip()
+            last = last[1:].strip() if last.startswith("E ") else last  # pytest's error mark
+            self.collection_errors.append(f"{report.nodeid or '.'}: {last[:300]}")
+            if self.stream is not None:
+                with contextlib.suppress(OSError):
+                    self.stream.collection_error(self.collection_errors[-1])
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         threading.setprofile(None)
         self.map.seconds = time.monotonic() - self.started
+        self.map.collected = session.testscollected
+        self.map.collection_errors = self.collection_errors[:MAX_ERRORS]
         if self.output is not None:
             self.map.save(self.output)
 

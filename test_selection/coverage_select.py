@@ -20,6 +20,7 @@ from test_selection.coverage_map import (
     CoverageMapError,
     Function,
     Reach,
+    refusal,
 )
 from test_selection.git import GitError, Repo
 from test_selection.types import Evidence, TestId
@@ -100,20 +101,26 @@ class CoverageUse:
 
 
 def check_map(cmap: CoverageMap, repo: Repo, repository: str | None) -> None:
-    """Refuse a map of another repository, or of a revision this history lacks."""
+    """Refuse a map of another repository, of a revision this history lacks, or one that
+    recorded nothing (``coverage_map.refusal``)."""
     if repository and cmap.repository and cmap.repository != repository:
         raise CoverageMapError(
             f"the coverage map is of {cmap.repository!r}, this upstream is {repository!r}"
         )
-    if cmap.revision == "working-tree":
-        return
-    try:
-        repo.resolve(cmap.revision)
-    except GitError:
+    if cmap.revision != "working-tree":
+        try:
+            repo.resolve(cmap.revision)
+        except GitError:
+            raise CoverageMapError(
+                f"the coverage map's revision {cmap.revision[:12]} is not in {repo.path}'s "
+                f"history (a map of {cmap.repository!r}: recorded on another repository, or "
+                "fetch more history)"
+            ) from None
+    problem = refusal(cmap)
+    if problem:
         raise CoverageMapError(
-            f"the coverage map's revision {cmap.revision[:12]} is not in {repo.path}'s history "
-            f"(a map of {cmap.repository!r}: recorded on another repository, or fetch more history)"
-        ) from None
+            f"the coverage map of {cmap.revision[:12]} cannot be used: {problem}"
+        )
 
 
 def commits_between(repo: Repo, older: str, newer: str) -> int | None:

@@ -140,6 +140,17 @@ def test_a_map_select_cannot_use_is_refused_with_what_it_is(
             f"is not one this version reads (expected '{FORMAT}')",
         ),
         "damaged": ({"format": FORMAT, "repository": "x"}, "a damaged coverage map"),
+        "recorded-nothing": (
+            {**CoverageMap("example/dispatcher", base).to_json(), "collected": 0},
+            f"the coverage map of {base[:12]} cannot be used: pytest collected no test",
+        ),
+        "collection-error": (
+            {
+                **CoverageMap("example/dispatcher", base).to_json(),
+                "collection_errors": ["tests/test_x.py: ImportError: no module named y"],
+            },
+            "cannot be used: pytest could not collect the tests: tests/test_x.py: ImportError",
+        ),
     }
     for name, (data, message) in cases.items():
         path = tmp_path / f"{name}.json.gz"
@@ -153,6 +164,39 @@ def test_a_map_select_cannot_use_is_refused_with_what_it_is(
     assert result.code == 2 and "not a readable coverage map" in result.output, result.output
     missing = _select(cli, repo, "--coverage", tmp_path / "nope.json.gz")
     assert missing.code == 2 and "no such coverage map" in missing.output
+
+
+def test_record_refuses_a_run_that_collected_nothing_or_failed_to_collect(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """A map of nothing would pass for a map that knows no test: every test would look newer
+    than it. Recording refuses it, names why, and writes no file (an older map at the same
+    path stays as it was)."""
+    repo, base = _upstream(tmp_path)
+    out = tmp_path / "map.json.gz"
+    assert _record(cli, repo, base, out).code == 0
+    kept = out.read_bytes()
+    nothing = cli("coverage", "record", "--upstream", repo.path, "--rev", base, "-o", out,
+                  "--", "-k", "no_test_has_this_name")  # fmt: skip
+    assert nothing.code == 1, nothing.output
+    assert "no map written: pytest collected no test (pytest exit 5" in nothing.output
+    broken = repo.commit(
+        "broken", {"tests/test_util.py": "import no_such_module_anywhere\n" + OTHER}, dedent=False
+    )
+    failed = _record(cli, repo, broken, out)
+    assert failed.code == 1, failed.output
+    assert (
+        "no map written: pytest could not collect the tests: tests/test_util.py: "
+        "ModuleNotFoundError: No module named 'no_such_module_anywhere'"
+    ) in failed.output.replace("\n", " ")
+    assert "pytest exit 2, 0 test(s) recorded" in failed.output
+    assert out.read_bytes() == kept
+    # leaving the broken file out records the rest, and the map says what was collected
+    rest = cli("coverage", "record", "--upstream", repo.path, "--rev", broken, "-o", out,
+               "--", "--ignore", "tests/test_util.py")  # fmt: skip
+    assert rest.code == 0, rest.output
+    cmap = CoverageMap.load(out)
+    assert (len(cmap.tests), cmap.collected, cmap.collection_errors) == (N, N, [])
 
 
 def test_tests_that_start_threads_or_processes_or_take_the_profiler_are_flagged(
@@ -291,8 +335,11 @@ def test_record_with_installed_keeps_the_installed_package_and_the_checkouts_nam
     env = {"PYTHONPATH": str(site)}
     out = tmp_path / "map.json.gz"
     plain = cli("coverage", "record", "--upstream", repo.path, "--rev", head, "-o", out, env=env)
-    # the stand-in was imported: collection errors, nothing recorded
-    assert "recorded 0 test(s)" in plain.output and "pytest exit code 2" in plain.output
+    # the stand-in was imported: collection errors, nothing recorded, no map written
+    assert plain.code == 1, plain.output
+    assert "no map written: pytest could not collect the tests: tests/test_core.py" in plain.output
+    assert "ImportError: a source tree: import the installed pkg" in plain.output
+    assert not out.exists()
     done = cli("coverage", "record", "--upstream", repo.path, "--rev", head, "-o", out,
                "--installed", "pkg", env=env)  # fmt: skip
     assert done.code == 0, done.output

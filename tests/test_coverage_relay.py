@@ -135,6 +135,61 @@ def test_the_nightly_records_a_map_and_the_next_selection_ranks_with_it(
     assert plan["coverage"] == {} and FIXED not in _chosen(plan)
 
 
+def test_a_recording_that_is_not_a_map_is_refused_and_the_previous_map_kept(
+    tmp_path: Path,
+) -> None:
+    """A nightly whose tests could not be collected records no map: the shard says so on its
+    run page, nothing is stored, and the next selection ranks with the previous nightly's
+    map and says which and why."""
+    repo, rt = _relay(tmp_path)
+    first = repo.git("rev-parse", "HEAD")
+    drain(rt, nightly_steps(rt, DAY.replace(hour=4)))
+    broken = repo.commit(
+        "break collection", {"test/test_core.py": "import no_such_module\n" + LARGE}, dedent=False
+    )
+    drain(rt, nightly_steps(rt, DAY.replace(hour=4) + timedelta(days=1)))
+    with rt.db.session() as s:
+        (refused_run,) = s.scalars(select(Change).where(Change.head_sha == broken)).one().runs
+        shards = list(refused_run.shards)
+        assert shards and all(sh.coverage_note for sh in shards)
+        note = shards[0].coverage_note or ""
+        assert note.startswith(
+            "coverage map not kept: pytest could not collect the tests: test/test_core.py: "
+            "ModuleNotFoundError: No module named 'no_such_module'; "
+        ), note
+        first_run = s.scalars(select(CoverageRecord.run_id)).one()
+        assert note.endswith(f"selections keep the map of run {first_run} ({first[:12]})"), note
+        assert {r.run_id for r in s.scalars(select(CoverageRecord))} == {first_run}
+        refused_id = refused_run.id
+    with served_app(rt) as url:
+        page = httpx.get(f"{url}/runs/{refused_id}", timeout=30).text
+    assert '<div class="shard-coverage">coverage map not kept: pytest could not collect' in page
+
+    fix = repo.commit(
+        "fix 17 and collection",
+        {"test/test_core.py": LARGE, "pkg/core.py": CORE.replace("n * 19\n", "n * 19 + 0\n")},
+        dedent=False,
+    )
+    drain(rt, nightly_steps(rt, DAY.replace(hour=4) + timedelta(days=2)))
+    plan = _newest_plan(rt)
+    assert plan["head"] == fix and _chosen(plan)[0] == FIXED, _chosen(plan)
+    coverage = plan["coverage"]
+    assert isinstance(coverage, dict)
+    assert (coverage["revision"], coverage["run"]) == (first, first_run)
+    notes = [str(n) for n in plan["notes"]]  # type: ignore[attr-defined]
+    assert any(
+        n.startswith(f"the newest coverage recording (run {refused_id}, shard 0) was not kept")
+        for n in notes
+    ), notes
+    assert f"ranking with the coverage map of run {first_run} ({first[:12]})" in notes
+    with rt.db.session() as s:
+        fixed_run = s.scalars(select(Change).where(Change.head_sha == fix)).one().runs[0].id
+    with served_app(rt) as url:
+        page = httpx.get(f"{url}/runs/{fixed_run}", timeout=30).text
+    assert f"ranking with the coverage map of run {first_run} ({first[:12]})" in page
+    assert "coverage map recorded: " in page  # this nightly's own recording was kept
+
+
 def test_without_the_map_the_same_change_misses_the_test(tmp_path: Path) -> None:
     repo, rt = _relay(tmp_path, coverage_select=False)
     drain(rt, nightly_steps(rt, DAY.replace(hour=4)))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,10 +23,17 @@ from typing import Annotated
 
 import typer
 
-from ci_relay.cli.common import _fail, err, out
+from ci_relay.cli.common import _fail, out
 
 coverage_app = typer.Typer(help="Per-test coverage maps for selection.", no_args_is_help=True)
 
+# pytest's exit codes that mean the run did not test what it was asked to (0 and 1 did)
+PYTEST_EXITS = {
+    2: "pytest was interrupted",
+    3: "pytest hit an internal error",
+    4: "pytest refused its arguments",
+    5: "pytest collected no test",
+}
 REMOTE = re.compile(r"[:/]([\w.-]+/[\w.-]+?)(?:\.git)?/?$")
 
 
@@ -75,8 +83,10 @@ def record(
         ),
     ] = None,
 ) -> None:
-    """Record which functions each test executes (arguments after -- go to pytest)."""
-    from test_selection.coverage_map import CoverageMap, CoverageMapError
+    """Record which functions each test executes (arguments after -- go to pytest).
+    Refuses (exit 1, no map written) when pytest collected nothing or ended in a
+    collection error, naming the first error."""
+    from test_selection.coverage_map import CoverageMap, CoverageMapError, refusal
     from test_selection.git import GitError, Repo
 
     try:
@@ -90,13 +100,14 @@ def record(
         raise _fail(f"--installed {installed!r}: not a package name")
     with tempfile.TemporaryDirectory(prefix="ci-relay-coverage-") as scratch:
         tree = Path(scratch) / "tree"
+        written = Path(scratch) / "map.json.gz"  # moved to the target only if it is usable
         try:
             Repo(upstream).run("worktree", "add", "--detach", "--quiet", "--", str(tree), sha)
         except GitError as exc:
             raise _fail(str(exc)) from None
         try:
             code, seconds = _run_pytest(
-                tree, target, name, sha, backend, ctx.args, timeout, interpreter, installed
+                tree, written, name, sha, backend, ctx.args, timeout, interpreter, installed
             )
         finally:
             subprocess.run(
@@ -104,20 +115,28 @@ def record(
                 capture_output=True,
                 check=False,
             )
-    if not target.is_file():
-        raise _fail(f"pytest ended with exit code {code} and wrote no map", 1)
-    try:
-        cmap = CoverageMap.load(target)
-    except CoverageMapError as exc:
-        raise _fail(str(exc), 1) from None
+        if not written.is_file():
+            raise _fail(f"pytest ended with exit code {code} and wrote no map", 1)
+        try:
+            cmap = CoverageMap.load(written)
+        except CoverageMapError as exc:
+            raise _fail(str(exc), 1) from None
+        problem = refusal(cmap) or PYTEST_EXITS.get(code)
+        if problem:
+            raise _fail(
+                f"no map written: {problem} (pytest exit {code}, {len(cmap.tests)} test(s) "
+                "recorded). A map that missed tests would pass them off as newer than it: "
+                "fix the run, or leave out what cannot be collected (-- --ignore PATH)",
+                1,
+            )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(written), target)
     out.print(
         f"recorded {len(cmap.tests)} test(s) executing {len(cmap.functions())} function(s) of "
         f"{name}@{sha[:12]} in {seconds:.1f} s (pytest exit {code}) -> {target} "
         f"({target.stat().st_size / 1024:.0f} KB)",
         soft_wrap=True,
     )
-    if code not in (0, 1):  # 0 passed, 1 some failed: both record what ran
-        err.print(f"warning: pytest exit code {code}: the map holds only what ran")
 
 
 def _check_interpreter(python: str, env: dict[str, str]) -> None:

@@ -204,6 +204,7 @@ class ShardInfo:
     estimated_seconds: float | None = None  # what the plan expected (learned durations)
     results: int = 0  # stored so far: a running shard streams them as its tests finish
     cpu_only: int = 0  # hardware-generic tests a spec listed: they ran on the CPU, not the card
+    coverage_note: str | None = None  # its coverage recording: kept, or refused and why
 
     @property
     def actual_seconds(self) -> float | None:

@@ -73,8 +73,8 @@ def execute_shard(rt: RelayContext, shard_id: int, stale_after: timedelta) -> li
                 label=label,
                 on_coverage=(
                     (
-                        lambda streams: store_shard_map(
-                            rt, shard_id, streams, repository, head, backend
+                        lambda streams, error: store_shard_map(
+                            rt, shard_id, streams, repository, head, backend, error
                         )
                     )
                     if records_coverage(rt, kind, backend)
@@ -145,13 +145,13 @@ def run_tests_at(
     rerun_failures: bool,
     on_results: OnResults | None = None,
     label: str | None = None,
-    on_coverage: Callable[[list[Path]], object] | None = None,
+    on_coverage: Callable[[list[Path], str | None], object] | None = None,
 ) -> tuple[str, ShardReport]:
     """Run generic ``tests`` at upstream ``sha`` on ``backend`` in the runtime the settings
     allow, holding a device slot: a shard's work, and triage's reruns. With ``on_coverage``
-    the tests record their per-test coverage, handed over (the shard's stream files) before
-    the scratch folder goes. Raises :class:`RuntimeUnavailable` or :class:`CheckoutError`
-    when they cannot run at all."""
+    the tests record their per-test coverage, handed over (the shard's stream files, and its
+    error when it failed) before the scratch folder goes. Raises
+    :class:`RuntimeUnavailable` or :class:`CheckoutError` when they cannot run at all."""
     settings = rt.settings
     runtime = shard_runtime(settings, backend)
     mirror = upstream_mirror(settings)
@@ -190,7 +190,7 @@ def run_tests_at(
         )
         if on_coverage is not None:
             try:
-                on_coverage(report.coverage_streams)
+                on_coverage(report.coverage_streams, report.error)
             except Exception:  # the map is evidence for later; the shard's results stand
                 log.exception("%s: its coverage map was not stored", log_as)
     return runtime.name, report

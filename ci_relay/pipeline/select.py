@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from ci_relay.checkouts import CheckoutError, upstream_mirror
 from ci_relay.context import RelayContext
-from ci_relay.coverage_maps import newest_map
+from ci_relay.coverage_maps import MapChoice, usable_map
 from ci_relay.pipeline.upgrade import upgrade_plan_json
 from ci_relay.reporting.outbox import enqueue_reports
 from ci_relay.steps import Next, claim_pending_or_stale, report_steps
@@ -73,12 +73,15 @@ def select_tests(rt: RelayContext, run_id: int, stale_after: timedelta) -> list[
     try:
         observations = past_observations(rt, repository, backend, exclude_run=run_id)
         label = rt.policy.label_for(repository, backend)
-        coverage = (
-            newest_map(rt, repository, backend)
+        found = (
+            usable_map(rt, repository, backend)
             if rt.settings.coverage_select and not everything
-            else None
+            else MapChoice(None, None, [])
         )
-        plan = _plan(rt, head, base, observations, everything, label, coverage)
+        plan = _plan(rt, head, base, observations, everything, label, found.map)
+        plan.notes += found.notes
+        if plan.coverage and found.run_id is not None:
+            plan.coverage["run"] = found.run_id
     except (CheckoutError, SpecErrors, EmptyUniverse) as exc:  # no commit, bad spec, no test
         log.error("run %s: selection impossible: %s", run_id, exc)
         return _run_failed(rt, run_id, f"selection failed: {exc}")

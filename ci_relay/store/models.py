@@ -189,6 +189,8 @@ class Shard(Base):
     runtime: Mapped[str | None] = mapped_column(String(16))
     # why the shard itself failed (no isolating runtime, no checkout, tests not startable)
     error: Mapped[str | None] = mapped_column(Text)
+    # what became of its coverage recording: kept, or refused and why (None: not recorded)
+    coverage_note: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, onupdate=utcnow
     )

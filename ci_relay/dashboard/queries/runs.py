@@ -153,6 +153,7 @@ def _shards(session: Session, run_ids: list[int]) -> dict[tuple[int, int], Shard
             Shard.log_tail,
             Shard.runtime,
             Shard.error,
+            Shard.coverage_note,
         ).where(Shard.run_id.in_(run_ids))
     ).all()
     stored = {
