@@ -39,6 +39,7 @@ from test_selection.coverage_select import PastReach, past_reach, reached_first
 from test_selection.git import GitError, Repo
 from test_selection.history import History
 from test_selection.learned import Ranker, fit
+from test_selection.model_replay import ModelReplay, ReplayCase, files_to_read, replay_model
 from test_selection.rankers import (
     Blend,
     CoverageBoost,
@@ -50,16 +51,18 @@ from test_selection.rankers import (
     boost,
 )
 from test_selection.test_bodies import diff_words, split_tests
+from test_selection.test_model import ChangeTerms, TestModel, TestText, change_terms
 
 log = logging.getLogger("test_selection.backtest")
 
-FORMAT = 1
+FORMAT = 2  # 2: the test model
 BACKTEST_CASES = 60  # the most recent commits replayed
 MIN_CASES = 12  # fewer: too little history to choose, the prior ranking is used
 REFIT_EVERY = 50  # commits of history an anchor serves
 MAX_CASE_FILES = 60  # a larger commit is a sweep, not a change and its tests
 TIE = 0.005  # a candidate must beat the earlier (simpler) ones by this much
 SPREAD, WHOLE = "spread", "whole"  # allocation.py's rule, or whole files in rank order
+MODEL = "model"  # each test's chance from the test model (test_model.py)
 # with a coverage map: the tests that executed a changed function first in their file, and
 # also the files holding them moved up the ranking
 REACHED_FIRST, REACHED_FILES = "reached-first", "reached-files"
@@ -67,6 +70,11 @@ COVERAGE_LABELS = {
     "": "",
     REACHED_FIRST: ", tests the coverage map reaches first",
     REACHED_FILES: ", files and tests the coverage map reaches first",
+}
+MODEL_COVERAGE_LABELS = {
+    "": "",
+    REACHED_FIRST: " reading the coverage map",
+    REACHED_FILES: " reading the coverage map, files it reaches first",
 }
 # the winner may not find fewer edited test files, or fewer edited tests, than history
 # counting taking whole files (the plain baseline) did on the same commits, by more than
@@ -94,6 +102,11 @@ class Case:
     before: dict[str, tuple[frozenset[str], ...]] = field(default_factory=dict)
     # test file -> its tests' names (``Class::name``) in the within-file order of ``truth``
     names: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # what the test model reads (``test_model.py``): the change's terms, and per test file
+    # its tests in file order and the indexes of the edited ones
+    terms: ChangeTerms | None = None
+    texts: dict[str, tuple[TestText, ...]] = field(default_factory=dict)
+    edited_at: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -113,6 +126,12 @@ class Figures:
 
     @property
     def label(self) -> str:
+        if self.allocation == MODEL:
+            return (
+                self.description
+                + ", tests by the test model"
+                + MODEL_COVERAGE_LABELS[self.coverage]
+            )
         return (
             self.description
             + (", whole files" if self.allocation == WHOLE else "")
@@ -212,6 +231,7 @@ class RankingChoice:
     agent: AgentVerdict | None = None  # set by the selector (measured apart, cached apart)
     allocation: str = SPREAD
     coverage: str = ""  # how the coverage map is used ("": not at all)
+    test_model: TestModel | None = None  # with allocation MODEL: fitted up to the anchor
 
     def ranker(
         self,
@@ -290,17 +310,32 @@ def _eligible(
     return found
 
 
+@dataclass(frozen=True)
+class CaseDiff:
+    """One case's source change as read from ``git show -U0``."""
+
+    lines: list[str]  # hunk headers and changed lines, in the diff's order
+    hunks: list[str]  # per file, ``path`` then its changed lines (what an agent reads)
+    contexts: list[str]
+    removed: list[str]
+    added: list[str]
+
+
 def _case_words(
     repo: Repo, history: History, indexes: list[int], sources: set[str]
-) -> dict[str, frozenset[str]]:
-    """The words of each case's source change."""
+) -> dict[str, tuple[frozenset[str], ChangeTerms]]:
+    """The words of each case's source change, and its terms for the test model."""
     diffs = _case_diffs(repo, history, indexes, sources)
-    return {sha: diff_words(lines) for sha, (lines, _hunks) in diffs.items()}
+    out = {}
+    for sha, diff in diffs.items():
+        words = diff_words(diff.lines)
+        out[sha] = (words, change_terms(words, diff.contexts, diff.removed, diff.added))
+    return out
 
 
 def _case_diffs(
     repo: Repo, history: History, indexes: list[int], sources: set[str]
-) -> dict[str, tuple[list[str], list[str]]]:
+) -> dict[str, CaseDiff]:
     """Per case: its changed and hunk-context lines, and its hunks as an agent reads them
     (``path`` then the lines), from one ``git show`` over all of them."""
     if not indexes or not sources:
@@ -320,24 +355,29 @@ def _case_diffs(
     except GitError as exc:
         log.warning("backtest: reading the cases' diffs failed: %s", exc)
         return {}
-    out: dict[str, tuple[list[str], list[str]]] = {}
+    out: dict[str, CaseDiff] = {}
     for block in text.split("\x01"):
         if not block.strip():
             continue
         sha, _, body = block.partition("\n")
         lines: list[str] = []
         hunks: dict[str, list[str]] = {}
+        contexts: list[str] = []
+        removed: list[str] = []
+        added: list[str] = []
         path = ""
         for line in body.split("\n"):
             if line.startswith("+++ b/") or line.startswith("--- a/"):
                 path = line[6:]
             elif line.startswith("@@"):
                 lines.append(line.split("@@")[-1])
+                contexts.append(lines[-1])
             elif line[:1] in "+-" and not line.startswith(("+++", "---")):
                 lines.append(line[1:])
+                (added if line[:1] == "+" else removed).append(line[1:])
                 hunks.setdefault(path, []).append(line[1:])
         texts = [f"{p}\n" + "\n".join(h)[:2000] for p, h in hunks.items()][:20]
-        out[sha.strip()] = (lines, texts)
+        out[sha.strip()] = CaseDiff(lines, texts, contexts, removed, added)
     return out
 
 
@@ -368,10 +408,12 @@ def build_cases(
     cases = []
     for index in indexes:
         sha = history.shas[index]
-        change_words = words.get(sha, frozenset())
+        change_words, terms = words.get(sha, (frozenset(), change_terms(frozenset(), [], [], [])))
         truth: dict[str, tuple[int, tuple[int, ...]]] = {}
         before_tokens: dict[str, tuple[frozenset[str], ...]] = {}
         in_order: dict[str, tuple[str, ...]] = {}
+        texts: dict[str, tuple[TestText, ...]] = {}
+        edited_at: dict[str, tuple[int, ...]] = {}
         for path, (old, new) in history.modified[index].items():
             if path not in universe or old not in contents or new not in contents:
                 continue
@@ -390,10 +432,25 @@ def build_cases(
             truth[path] = (len(names), tuple(edited))
             before_tokens[path] = tuple(before[n].tokens for n in names)
             in_order[path] = tuple(names[i] for i in order)
+            texts[path] = tuple(TestText(n, before[n].tokens, before[n].lines) for n in names)
+            edited_at[path] = tuple(
+                i for i, n in enumerate(names) if n in after and after[n].digest != before[n].digest
+            )
         if truth:
             sources_here = frozenset(p for p in history.files[index] if not is_test(p))
             cases.append(
-                Case(index, sha, sources_here, truth, change_words, before_tokens, in_order)
+                Case(
+                    index,
+                    sha,
+                    sources_here,
+                    truth,
+                    change_words,
+                    before_tokens,
+                    in_order,
+                    terms,
+                    texts,
+                    edited_at,
+                )
             )
     return cases
 
@@ -429,7 +486,8 @@ def measure_agent(
     read = 0
     commits = set()
     for case in sample:
-        lines, hunks = diffs.get(case.sha, ([], []))
+        diff = diffs.get(case.sha)
+        lines, hunks = (diff.lines, diff.hunks) if diff else ([], [])
         words = diff_words(lines)
         for path in case.truth:
             old, new = history.modified[case.index][path]
@@ -554,7 +612,6 @@ def allocate_counts(
 ) -> dict[str, int]:
     """How many of each file's tests (in its own order) the budget takes: the plan's rule
     (``allocation.py``), answered in counts for the backtest."""
-    import numpy as np
 
     reached = reached or {}
     per_file: list[tuple[str, Any]] = []
@@ -572,6 +629,15 @@ def allocate_counts(
                 ),
             )
         )  # fmt: skip
+    return take_best(per_file, budget)
+
+
+def take_best(per_file: Sequence[tuple[str, Any]], budget: float) -> dict[str, int]:
+    """How many of each file's tests the best ``budget`` values take, for values that fall
+    along each file (so a file's share is a prefix of its order); ties go by path, as in
+    the plan."""
+    import numpy as np
+
     if not per_file:
         return {}
     values = np.concatenate([v for _, v in per_file])
@@ -600,6 +666,34 @@ def allocate_counts(
     return counts
 
 
+def model_counts(
+    file_buckets: Mapping[str, int],
+    sizes: Mapping[str, int],
+    calibration: Calibration,
+    budget: float,
+    file_weight: float,
+    replay: ModelReplay,
+    case: int,
+) -> dict[str, int]:
+    """What the plan takes under the test model: each test worth its file's chance times
+    its own, the file's first test also ``file_weight`` times the file's chance; a file the
+    replay did not read has the base chance for every test."""
+    import numpy as np
+
+    chances = replay.chances[case]
+    per_file: list[tuple[str, Any]] = []
+    for f, bucket in file_buckets.items():
+        n = sizes.get(f, 0)
+        if n <= 0:
+            continue
+        p = calibration.p_file(bucket)
+        found = chances.get(f)
+        values = p * (found if found is not None and len(found) == n else np.full(n, replay.base))
+        values[0] += p * file_weight
+        per_file.append((f, values))
+    return take_best(per_file, budget)
+
+
 def whole_counts(order: Sequence[str], sizes: Mapping[str, int], budget: float) -> dict[str, int]:
     """Whole files in rank order until the budget is spent (the last one in part): what the
     plan takes under the whole-files rule."""
@@ -624,10 +718,12 @@ def _evaluate(
     file_weight: float,
     allocation: str = SPREAD,
     reached: Sequence[Mapping[str, int]] | None = None,
+    replay: ModelReplay | None = None,
 ) -> tuple[float, float, Calibration]:
     """File and edited-test recall of one ranking over the cases, each case planned with
     the rank chances measured on the *other* cases (no case grades itself). ``reached``:
-    per case, the tests of each file a coverage map puts first (``with_reach``)."""
+    per case, the tests of each file a coverage map puts first (``with_reach``);
+    ``replay``: with allocation MODEL, the test model's chances per case."""
     hits: dict[int, float] = defaultdict(float)
     seen: dict[int, float] = defaultdict(float)
     own: list[tuple[dict[int, float], dict[int, float]]] = []
@@ -655,8 +751,14 @@ def _evaluate(
         case_sizes = dict(sizes)
         case_sizes.update({f: n for f, (n, _e) in case.truth.items()})
         total = sum(case_sizes.get(f, 0) for f in file_buckets)
+        positions = {f: edited for f, (_n, edited) in case.truth.items()}
         if allocation == WHOLE:
             counts = whole_counts(order, case_sizes, fraction * total)
+        elif allocation == MODEL and replay is not None:
+            counts = model_counts(
+                file_buckets, case_sizes, loo, fraction * total, file_weight, replay, k
+            )
+            positions.update(replay.edited[k])
         else:
             counts = allocate_counts(
                 file_buckets,
@@ -666,14 +768,14 @@ def _evaluate(
                 file_weight,
                 reached[k] if reached is not None else None,
             )
-        for f, (_n, edited) in case.truth.items():
+        for f, edited in positions.items():
             if f not in file_buckets:
                 continue
-            k = counts.get(f, 0)
+            taken = counts.get(f, 0)
             truth_files += 1
-            found_files += k > 0
+            found_files += taken > 0
             truth_tests += len(edited)
-            found_tests += sum(1 for p in edited if p < k)
+            found_tests += sum(1 for p in edited if p < taken)
     full = Calibration(
         dict(hits),
         dict(seen),
@@ -701,6 +803,7 @@ def choose(
     only: str | None = None,
     tokens: Mapping[str, Sequence[frozenset[str]]] | None = None,
     coverage: CoverageIndex | None = None,
+    texts: Mapping[str, Sequence[TestText]] | None = None,
 ) -> RankingChoice:
     """Replay the candidates on the commits up to ``anchor`` and return the winner (or the
     one named by ``only``), with its measured calibration. ``tokens``: each test file's
@@ -708,7 +811,8 @@ def choose(
     With ``coverage``, every candidate is replayed again with the tests the map says each
     commit's change executed first in their files (and once more with their files moved
     up); such a variant wins only if it finds no fewer edited files and tests than the
-    winner without the map, and more of both together."""
+    winner without the map, and more of both together. ``texts``: each test file's tests
+    now, for the test model (``test_model.py``): without them it is not replayed."""
     tokens = tokens or {}
     started = time.perf_counter()
     files = sorted(sizes)
@@ -788,6 +892,30 @@ def choose(
             )
             figures.append(Figures(name, descriptions[name], file_recall, test_recall, allocation))
             calibrations[figures[-1].key] = calibration
+    models: dict[str, TestModel] = {}  # by coverage use
+    read: list[set[str]] = []  # per case, the files the test model's replay reads
+    if texts is not None:
+        total = sum(sizes.values())
+        read = [
+            files_to_read(
+                [replays[name][k][0] for name in names for replays in (replayed, boosted)
+                 if replays[name]],
+                sizes,
+                fraction * total,
+            )
+            for k in range(len(cases))
+        ]  # fmt: skip
+        plain = replay_model([_replay_case(c, None) for c in cases], texts, read, False)
+        if plain is not None and plain.model is not None:
+            models[""] = plain.model
+            for name in names:
+                file_recall, test_recall, calibration = _evaluate(
+                    replayed[name], cases, sizes, shared, fraction, file_weight, MODEL,
+                    replay=plain,
+                )  # fmt: skip
+                fig = Figures(name, descriptions[name], file_recall, test_recall, MODEL)
+                figures.append(fig)
+                calibrations[fig.key] = calibration
     with_map: list[Figures] = []
     if coverage is not None:
         pairs = [with_reach(case, reach.get(case.sha, {})) for case in cases]
@@ -810,6 +938,22 @@ def choose(
                     fig = Figures(
                         name, descriptions[name], file_recall, test_recall, allocation, use
                     )
+                    with_map.append(fig)
+                    calibrations[fig.key] = calibration
+        mapped = (
+            replay_model([_replay_case(c, reach.get(c.sha, {})) for c in cases], texts, read, True)
+            if texts is not None
+            else None
+        )
+        if mapped is not None and mapped.model is not None:
+            models[REACHED_FIRST] = models[REACHED_FILES] = mapped.model
+            for use, replays in ((REACHED_FIRST, replayed), (REACHED_FILES, boosted)):
+                for name in names:
+                    file_recall, test_recall, calibration = _evaluate(
+                        replays[name], cases, sizes, shared, fraction, file_weight, MODEL,
+                        replay=mapped,
+                    )  # fmt: skip
+                    fig = Figures(name, descriptions[name], file_recall, test_recall, MODEL, use)
                     with_map.append(fig)
                     calibrations[fig.key] = calibration
     # the plain baseline (history counting, whole files) comes first: ties go to it, and
@@ -867,6 +1011,16 @@ def choose(
         time.perf_counter() - started,
         allocation=best.allocation,
         coverage=best.coverage,
+        test_model=models.get(best.coverage) if best.allocation == MODEL else None,
+    )
+
+
+def _replay_case(case: Case, reach: Mapping[str, Mapping[str, Reach]] | None) -> ReplayCase:
+    return ReplayCase(
+        case.terms or change_terms(case.words, [], [], []),
+        case.texts,
+        case.edited_at,
+        reach,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from test_selection.backtest import (
     AGENT_REMEASURE,
     CANDIDATES,
     MIN_CASES,
+    MODEL,
     WHOLE,
     AgentVerdict,
     ChoiceCache,
@@ -44,9 +45,11 @@ from test_selection.inventory import (
     is_test_path,
 )
 from test_selection.layout import EmptyUniverse, Layout, detect_layout
+from test_selection.model_replay import chance_order, reached_tests
 from test_selection.observations import Learned, Observation, learn
 from test_selection.plan import durations_for, make_plan
 from test_selection.test_bodies import diff_words
+from test_selection.test_model import ChangeTerms, TestText, change_terms, file_features
 from test_selection.types import Budget, Evidence, Scored, TestId, TestPlan
 
 
@@ -154,6 +157,7 @@ def _choose_ranking(
     config: SelectorConfig,
     specs: list[Path] | None,
     tokens: dict[str, list[frozenset[str]]],
+    texts: Mapping[str, Sequence[TestText]],
 ) -> tuple[RankingChoice, list[str]]:
     """The backtest's choice for this change's anchor, from the cache when it was made."""
     notes: list[str] = []
@@ -206,6 +210,7 @@ def _choose_ranking(
             None if config.ranking == "auto" else config.ranking,
             tokens,
             config.coverage,
+            texts,
         )
         cache.store(choice, config.file_weight)
     agent = config.agent
@@ -231,6 +236,25 @@ def change_words(change: ChangeAnalysis) -> frozenset[str]:
     )
 
 
+def live_terms(change: ChangeAnalysis, words: frozenset[str]) -> ChangeTerms:
+    """The change's terms for the test model, read as the backtest reads a past change."""
+    files = change.source_files
+    return change_terms(
+        words,
+        [c for f in files for c in f.contexts],
+        [line for f in files for line in f.removed],
+        [line for f in files for line in f.added],
+    )
+
+
+def test_texts(tests: Sequence[TestFunction]) -> list[TestText]:
+    """What the test model reads of a file's tests (named as the backtest names them)."""
+    return [
+        TestText(f"{fn.id.cls}::{fn.id.name}" if fn.id.cls else fn.id.name, fn.tokens, fn.lines)
+        for fn in tests
+    ]
+
+
 def _ranked_evidence(
     choice: RankingChoice,
     history: History,
@@ -251,6 +275,8 @@ def _ranked_evidence(
     }
     words = change_words(change)
     reach = reach if choice.coverage else None
+    model = choice.test_model if choice.allocation == MODEL else None
+    terms = live_terms(change, words) if model is not None else None
     best_reach: dict[str, float] = {}
     for test, found in (reach or {}).items():
         best_reach[test.file] = max(best_reach.get(test.file, 0.0), found.specificity)
@@ -271,17 +297,36 @@ def _ranked_evidence(
         p = calibration.p_file(file_buckets[path])
         reaches = [reach.get(fn.id) for fn in tests] if reach else []
         first = sum(1 for r in reaches if r is not None)
-        if choice.allocation == WHOLE:
+        within, word_scores = idf_order([(fn.tokens, fn.lines) for fn in tests], words)
+        said: list[str] = []
+        if model is not None and terms is not None:
+            texts = test_texts(tests)
+            live = reach or {}
+            by_name = (
+                {t.name: live[fn.id] for t, fn in zip(texts, tests, strict=True) if fn.id in live}
+                if model.coverage
+                else None
+            )
+            rows = file_features(texts, terms, word_scores, within, reached_tests(texts, by_name))
+            chances = model.probabilities(rows)
+            within = chance_order(chances, within)
+            values = p * chances[within]
+            values[0] += p * file_weight
+            said = [
+                f", {chances[i]:.0%} likely edited if its file is"
+                + (f" ({'; '.join(top)})" if (top := model.strongest(rows[i])) else "")
+                for i in within
+            ]
+        elif choice.allocation == WHOLE:
             values = whole_file_values(p, rank, n)
         else:
             values = file_values(
                 p, calibration.expected_edited(n), n, calibration, file_weight, first
             )
-        within, word_scores = idf_order([(fn.tokens, fn.lines) for fn in tests], words)
-        if similarity is not None and rank < AGENT_FILES and 1 < n <= agent_texts:
+        if model is None and similarity is not None and rank < AGENT_FILES and 1 < n <= agent_texts:
             within = blend_orders(within, similarity(hunks, [fn.source for fn in tests]))
             agent_texts -= n
-        if first:
+        if model is None and first:
             within = reached_first(within, reaches)
         why = scores.reasons.get(path)
         head = (
@@ -292,8 +337,10 @@ def _ranked_evidence(
         for position, index in enumerate(within):
             fn = tests[index]
             shared = sorted(fn.tokens & words) if word_scores[index] > 0 else []
-            detail = f"; test #{position + 1} of {n} in its file" + (
-                f", uses {', '.join(shared[:4])} from the change" if shared else ""
+            detail = (
+                f"; test #{position + 1} of {n} in its file"
+                + (said[position] if said else "")
+                + (f", uses {', '.join(shared[:4])} from the change" if shared else "")
             )
             out[fn.id] = Evidence("candidates", "ranking", float(values[position]), head + detail)
     return out
@@ -400,6 +447,7 @@ def select(
                 by_file[fn.id.file].append(fn)
         imports = {p: set(f.imports) for p, f in inventory.files.items()}
         tokens = {path: [fn.tokens for fn in tests] for path, tests in by_file.items()}
+        texts = {path: test_texts(tests) for path, tests in by_file.items()}
         choice, cache_notes = _choose_ranking(
             repo,
             history,
@@ -411,6 +459,7 @@ def select(
             config,
             specs,
             tokens,
+            texts,
         )
         notes += cache_notes
         lap("backtest")
