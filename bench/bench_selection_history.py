@@ -58,6 +58,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from rolling_maps import NIGHTLY, assign, record_series, schedule  # noqa: E402
+from rolling_maps import git as rolling_git  # noqa: E402
+
 from test_selection.coverage_map import CoverageMap, CoverageMapError  # noqa: E402
 from test_selection.selector import SelectorConfig, select  # noqa: E402
 from test_selection.types import Budget  # noqa: E402
@@ -69,7 +72,10 @@ GOAL_TEST_MARGIN = 0.10  # edited-test recall >= combo + this at 15 % ...
 GOAL_TEST_FLOOR = 0.90  # ... and at least this
 # issue 34's goals with a coverage map: edited-test recall at least this per budget
 MAP_GOALS = {0.15: 0.90, 0.05: 0.75}
-MAP = "+cov"  # the suffix of a setting that selects with the coverage map
+MAP = "+cov"  # the suffix of a setting that selects with the one-off coverage map
+ROLL = "+roll"  # ... with the rolling maps, as fresh as the relay's nightly (rolling_maps.py)
+FAMILY_NAMES = {"": "no map", MAP: "the one-off map", ROLL: "the rolling maps"}
+SWEEP = 10  # a commit that edited this many tests or more is counted as a sweep
 
 
 def load_yardstick(path: Path) -> ModuleType:
@@ -148,6 +154,37 @@ def record_map(
     return info
 
 
+def rolling_series(
+    repo: str,
+    commits: int,
+    yardstick: str,
+    cache: Path,
+    python: str | None,
+    pytest_args: list[str],
+    timeout: float,
+    every: str,
+    first: str,
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """The rolling maps (``rolling_maps.py``): replayed commit -> map file, and what the
+    series cost and refused. ``first``: the one-off map's revision, the series' start."""
+    ys = load_yardstick(Path(yardstick))
+    _history, _diffs, eligible = _eligible(ys, repo, commits)
+    wanted = schedule(repo, eligible, every)
+    stamps = {
+        rev: int(rolling_git(repo, "show", "-s", "--format=%ct", rev).strip())
+        for rev in {first, *wanted.values()}
+    }
+    order = sorted(stamps, key=lambda rev: (stamps[rev], rev != first))
+    order.remove(first)
+    order.insert(0, first)
+    recorded = record_series(repo, order, cache, python, pytest_args, timeout)
+    per_commit = assign(wanted, recorded, order)
+    info = recorded.to_json()
+    info["every"] = every
+    info["fallbacks"] = sum(1 for c, rev in wanted.items() if rev not in recorded.paths)
+    return per_commit, info
+
+
 def replay(
     repo: str,
     commits: int,
@@ -155,13 +192,26 @@ def replay(
     weights: tuple[float, ...],
     agent_name: str,
     map_path: str | None = None,
+    rolling: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Every commit of one history under combo and each setting, at every budget (with
-    ``map_path``: each setting again with that coverage map)."""
+    ``map_path``: each setting again with that coverage map; with ``rolling`` (commit -> map
+    file), again with each commit's own map)."""
     from test_selection.agents import agent_by_name
 
     ys = load_yardstick(Path(yardstick))
     coverage = CoverageMap.load(Path(map_path)).index() if map_path else None
+    loaded: dict[str, Any] = {}
+
+    def rolling_index(commit: str) -> Any:
+        path = (rolling or {}).get(commit)
+        if path is None:
+            return None
+        if path not in loaded:
+            loaded.clear()  # the series moves forward: one map at a time
+            loaded[path] = CoverageMap.load(Path(path)).index()
+        return loaded[path]
+
     history, diffs, eligible = _eligible(ys, repo, commits)
     index = {c: i for i, (c, _p) in enumerate(history)}
     universe_cache: dict = {}
@@ -205,8 +255,13 @@ def replay(
                 "share": sum(counts[f] for f in picked) / total,
                 "seconds": 0.0,
             }
+            families: list[tuple[str, Any]] = [("", None)]
+            if coverage is not None:
+                families.append((MAP, coverage))
+            if rolling_index(c) is not None:
+                families.append((ROLL, rolling_index(c)))
             for weight in weights:
-                for cov in (None, coverage) if coverage is not None else (None,):
+                for family, cov in families:
                     config = SelectorConfig(
                         budget=Budget("fraction", budget),
                         cache_dir=cache,
@@ -219,7 +274,7 @@ def replay(
                     seconds = time.perf_counter() - began
                     files = {item.test.file for item in plan.selected}
                     chosen = {item.test.nodeid.split("[", 1)[0] for item in plan.selected}
-                    key = f"w{weight}{MAP if cov is not None else ''}@{budget}"
+                    key = f"w{weight}{family}@{budget}"
                     row["results"][key] = {
                         "files": sorted(files & truth),
                         "tests": sorted(t for t in truth_tests if t in chosen),
@@ -228,12 +283,18 @@ def replay(
                         "ranking": plan.ranking.get("chosen", "hand"),
                         "coverage": plan.ranking.get("coverage", ""),
                         "known": len(plan.coverage.get("known_functions", [])),
+                        "lag": plan.coverage.get("commits_behind"),
                         "agent": plan.agent,
                         "rank_of_truth": _ranks(plan, truth),
                     }
         rows.append(row)
         print(f"  {Path(repo).name}: {number + 1}/{len(eligible)}", file=sys.stderr, flush=True)
-    return {"repo": repo, "rows": rows, "map": {"path": map_path} if map_path else None}
+    return {
+        "repo": repo,
+        "rows": rows,
+        "map": {"path": map_path} if map_path else None,
+        "rolling": {"maps": rolling} if rolling else None,
+    }
 
 
 def _ranks(plan: Any, truth: set[str]) -> dict[str, int]:
@@ -267,31 +328,44 @@ def missed_tests(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
     for r in rows:
         files = set(r["results"][key]["files"])
         found = set(r["results"][key]["tests"])
+        sweep = len(r["truth_tests"]) >= SWEEP
         for t in r["truth_tests"]:
             if t not in found:
                 reached = t.split("::", 1)[0] in files
-                out["file reached, test not chosen" if reached else "file not reached"] += 1
+                cause = "file reached, test not chosen" if reached else "file not reached"
+                out[cause + (f" (in a sweep of {SWEEP}+)" if sweep else "")] += 1
     return dict(out)
 
 
-def map_misses(result: dict[str, Any], key: str) -> dict[str, int]:
-    """Edited tests a plan with the map missed, by what the map knew of them: not in it at
-    all (the test is newer than the map), in it but it executed none of the functions the
-    commit changed, or it executed one and the plan still did not choose it."""
+def map_misses(result: dict[str, Any], key: str, family: str = MAP) -> dict[str, int]:
+    """Edited tests a plan with a map missed, by what its map knew of them: in a sweep (a
+    commit that edited ``SWEEP`` tests or more: a reformatting, a dependency bump), not in
+    the map at all (the test is newer than the map), in it but it executed none of the
+    functions the commit changed, or it executed one and the plan still did not choose it."""
     from test_selection.change_analysis import analyze
     from test_selection.coverage_select import changed_functions
     from test_selection.git import GitError, Repo
 
-    info = result.get("map") or {}
-    if not info.get("path") or not Path(info["path"]).is_file():
-        return {}
-    index = CoverageMap.load(Path(info["path"])).index()
+    if family == ROLL:
+        paths = (result.get("rolling") or {}).get("maps") or {}
+    else:
+        path = (result.get("map") or {}).get("path")
+        paths = {r["commit"]: path for r in result["rows"]} if path else {}
     repo = Repo(Path(result["repo"]))
     out: dict[str, int] = defaultdict(int)
+    indexes: dict[str, Any] = {}
     for r in result["rows"]:
         missed = [t for t in r["truth_tests"] if t not in r["results"][key]["tests"]]
-        if not missed:
+        path = paths.get(r["commit"])
+        if not missed or not path or not Path(path).is_file():
             continue
+        if len(r["truth_tests"]) >= SWEEP:
+            out[f"in a sweep (a commit editing {SWEEP}+ tests)"] += len(missed)
+            continue
+        if path not in indexes:
+            indexes.clear()
+            indexes[path] = CoverageMap.load(Path(path)).index()
+        index = indexes[path]
         try:
             change = analyze(repo, f"{r['commit']}^", r["commit"], exclude=set(r["truth"]))
         except GitError:
@@ -334,46 +408,63 @@ def print_map_table(
     chosen: Any,
     has: Any,
 ) -> None:
-    """Issue 34's table: each history's LOO setting without and with its coverage map."""
+    """Issue 45's table: each history's LOO setting with no map, the one-off map and the
+    rolling maps, at both budgets, beside combo; the goals per row."""
     print(
-        "\nWith and without the coverage map (LOO settings; issue 34's goals: edited-test "
-        "recall >= 0.90 at 15 %, >= 0.75 at 5 %; file recall not below without the map; "
-        "neither below combo)"
+        "\nNo map, the one-off map, the rolling maps (LOO settings; goals: edited-test recall "
+        ">= 0.90 at 15 %, >= 0.75 at 5 %, never below combo; file recall not below no map)"
     )
     print(
-        "| history | map (revision, date, tests, functions) | 15 %: file without -> with "
-        "(combo) | edited without -> with (combo) | 5 %: file without -> with (combo) | "
-        "edited without -> with (combo) | changes the map knew / used it | goals |"
+        "| history | maps (one-off: revision, date, tests; rolling: maps, refused, median "
+        "commits behind) | 15 %: file none / one-off / rolling (combo) | edited none / "
+        "one-off / rolling (combo) | 5 %: file | edited | goals (best map) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for k, (name, result) in enumerate(zip(names, results, strict=True)):
-        info = result.get("map") or {}
-        if not has(result, MAP):
-            print(f"| {name} | none: {info.get('error', 'not asked for')} | | | | | | |")
+        families = [f for f in ("", MAP, ROLL) if has(result, f)]
+        if len(families) == 1:
+            info = result.get("map") or {}
+            print(f"| {name} | none: {info.get('error', 'not asked for')} | | | | | |")
             continue
-        plain, cov = f"w{chosen(k, '')}", f"w{chosen(k, MAP)}{MAP}"
         rows = result["rows"]
         cells, goals = [], []
+        best = ROLL if ROLL in families else MAP
         for budget in BUDGETS:
-            a, b = figures(rows, f"{plain}@{budget}"), figures(rows, f"{cov}@{budget}")
             base = figures(rows, f"combo@{budget}")
+            figs = {f: figures(rows, f"w{chosen(k, f)}{f}@{budget}") for f in families}
             for figure in ("file", "test"):
-                cells.append(f"{a[figure]:.3f} -> {b[figure]:.3f} ({base[figure]:.3f})")
-                if b[figure] < base[figure]:
+                shown = " / ".join(
+                    f"{figs[f][figure]:.3f}" if f in figs else "—" for f in ("", MAP, ROLL)
+                )
+                cells.append(f"{shown} ({base[figure]:.3f})")
+                if figs[best][figure] < base[figure]:
                     goals.append(f"{figure} {budget:.0%} below combo")
-            if b["file"] < a["file"]:
-                goals.append(f"file {budget:.0%} {b['file'] - a['file']:+.3f} with the map")
-            if b["test"] < MAP_GOALS[budget]:
-                goals.append(f"edited {budget:.0%} {b['test']:.3f} < {MAP_GOALS[budget]}")
-        key = f"{cov}@0.15"
-        knew = sum(1 for r in rows if r["results"][key].get("known"))
-        used = sum(1 for r in rows if r["results"][key].get("coverage"))
+            if figs[best]["file"] < figs[""]["file"]:
+                goals.append(f"file {budget:.0%} {figs[best]['file'] - figs['']['file']:+.3f}")
+            if figs[best]["test"] < MAP_GOALS[budget]:
+                goals.append(f"edited {budget:.0%} {figs[best]['test']:.3f} < {MAP_GOALS[budget]}")
+        info = result.get("map") or {}
+        rolling = result.get("rolling_info") or {}
+        lags = [
+            r["results"][f"w{chosen(k, ROLL)}{ROLL}@0.15"].get("lag")
+            for r in rows
+            if f"w{chosen(k, ROLL)}{ROLL}@0.15" in r["results"]
+        ]
+        lags = [x for x in lags if isinstance(x, int)]
+        once = [
+            r["results"][f"w{chosen(k, MAP)}{MAP}@0.15"].get("lag")
+            for r in rows
+            if f"w{chosen(k, MAP)}{MAP}@0.15" in r["results"]
+        ]
+        once = [x for x in once if isinstance(x, int)]
         described = (
             f"{str(info.get('revision', '?'))[:10]}, {info.get('date', '?')}, "
-            f"{info.get('tests', '?')}, {info.get('functions', '?')}"
+            f"{info.get('tests', '?')} (median {statistics.median(once) if once else '?'} "
+            f"behind); {len(rolling.get('paths', {}))}, {len(rolling.get('refused', {}))}, "
+            f"{statistics.median(lags) if lags else '?'}"
         )
         print(
-            f"| {name} | {described} | {' | '.join(cells)} | {knew} / {used} of {len(rows)} | "
+            f"| {name} | {described} | {' | '.join(cells)} | "
             f"{'met' if not goals else '; '.join(goals)} |"
         )
 
@@ -421,6 +512,13 @@ def main() -> int:
         help="where recorded maps are kept (a map is recorded once per history and revision)",
     )
     ap.add_argument("--coverage-timeout", type=float, default=3600)
+    ap.add_argument(
+        "--coverage-every",
+        default=NIGHTLY,
+        help="with --coverage, also the rolling maps: 'nightly' (default: each replayed "
+        "commit selects with the map the nightly before its base's day would have recorded, "
+        "as the relay does) or N (a map every N replayed commits); 0: none",
+    )
     ap.add_argument("--save", help="write every per-commit result as JSON here")
     ap.add_argument(
         "--load",
@@ -450,6 +548,7 @@ def main() -> int:
         pythons = dict(item.split("=", 1) for item in args.coverage_python)
         extra = {k: shlex.split(v) for k, v in (i.split("=", 1) for i in args.coverage_args)}
         maps: dict[str, dict[str, Any]] = {}
+        series: dict[str, tuple[dict[str, str], dict[str, Any]]] = {}
         for r in args.repos if args.coverage else []:
             repo = str(Path(r).resolve())
             name = Path(repo).name
@@ -464,6 +563,12 @@ def main() -> int:
             )
             if "error" in maps[repo]:
                 print(f"  {name}: no coverage map: {maps[repo]['error']}", file=sys.stderr)
+            elif args.coverage_every != "0":
+                series[repo] = rolling_series(
+                    repo, args.commits, args.yardstick, Path(args.coverage_cache),
+                    pythons.get(name), extra.get(name, []), args.coverage_timeout,
+                    args.coverage_every, maps[repo]["revision"],
+                )  # fmt: skip
         with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             futures = [
                 pool.submit(
@@ -476,6 +581,7 @@ def main() -> int:
                     None
                     if "error" in maps.get(str(Path(r).resolve()), {"error": ""})
                     else maps[str(Path(r).resolve())]["path"],
+                    series.get(str(Path(r).resolve()), ({}, {}))[0] or None,
                 )
                 for r in args.repos
             ]
@@ -483,13 +589,18 @@ def main() -> int:
         for result in results:
             if result["repo"] in maps:
                 result["map"] = maps[result["repo"]]
+            if result["repo"] in series:
+                result["rolling_info"] = series[result["repo"]][1]
         if args.save:
             Path(args.save).write_text(json.dumps(results))
     names = [Path(r["repo"]).name for r in results]
     mapped = any(
         k.endswith(f"{MAP}@0.15") for r in results if r["rows"] for k in r["rows"][0]["results"]
     )
-    families = ["", MAP] if mapped else [""]
+    rolled = any(
+        k.endswith(f"{ROLL}@0.15") for r in results if r["rows"] for k in r["rows"][0]["results"]
+    )
+    families = ["", *([MAP] if mapped else []), *([ROLL] if rolled else [])]
     print("\nPer history and setting (file recall / edited-test recall at 15 % and 5 %):")
     for name, result in zip(names, results, strict=True):
         rows = result["rows"]
@@ -529,7 +640,7 @@ def main() -> int:
     for family in families:
         print(
             "\nLeave one repository out"
-            + (" with the coverage map" if family else "")
+            + (f" with {FAMILY_NAMES[family]}" if family else "")
             + " (each row: the setting that, on the other histories, met "
             "the file-recall goal everywhere and found the most edited tests)"
         )
@@ -567,7 +678,7 @@ def main() -> int:
                 f"{main_fig['cold']:.1f} / {main_fig['warm']:.2f} | "
                 f"{'met' if not goals else '; '.join(goals)} |"
             )
-    if mapped:
+    if mapped or rolled:
         print_map_table(names, results, chosen, has)
     print("\nMisses at 15 % by cause (the LOO setting):")
     for k, (name, result) in enumerate(zip(names, results, strict=True)):
@@ -582,11 +693,11 @@ def main() -> int:
                 rankings[r["results"][key].get("ranking", "?") + (f" {used}" if used else "")] += 1
             causes = misses(result["rows"], key)
             tests = missed_tests(result["rows"], key)
-            label = f"{name}{' with the map' if family else ''}"
+            label = f"{name}{f' with {FAMILY_NAMES[family]}' if family else ''}"
             print(f"  {label}: edited test files {causes}; edited tests {tests}")
             if family:
                 print(f"  {' ' * len(label)}  edited tests missed, by the map: "
-                      f"{map_misses(result, key)}")  # fmt: skip
+                      f"{map_misses(result, key, family)}")  # fmt: skip
             print(f"  {' ' * len(label)}  rankings chosen: {dict(rankings)}")
     if args.verify:
         print(

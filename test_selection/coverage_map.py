@@ -55,6 +55,9 @@ class CoverageMap:
     # shard's streams) and the first collection errors, "node id: last line"
     collected: int | None = None
     collection_errors: list[str] = field(default_factory=list)
+    # brought forward from an older map (coverage_update.py): tests kept from that revision
+    reused: int = 0
+    reused_from: str = ""
 
     def add(self, test: str, functions: Mapping[Function, int], flags: Iterable[str] = ()) -> None:
         """Merge one test's functions (a test recorded twice, e.g. per variant, keeps the union
@@ -113,6 +116,8 @@ class CoverageMap:
             "flags": {t: sorted(v) for t, v in sorted(self.flags.items())},
             "collected": self.collected,
             "collection_errors": self.collection_errors[:MAX_ERRORS],
+            "reused": self.reused,
+            "reused_from": self.reused_from,
         }
 
     @classmethod
@@ -143,6 +148,8 @@ class CoverageMap:
             result.collection_errors = [str(e) for e in data.get("collection_errors") or ()][
                 :MAX_ERRORS
             ]
+            result.reused = int(data.get("reused") or 0)
+            result.reused_from = str(data.get("reused_from") or "")
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise CoverageMapError(f"{source}: a damaged coverage map ({exc!r})") from None
         if not REVISION.match(result.revision):

@@ -292,9 +292,14 @@ class Recorder:
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         """Remember what failed to collect (a map of half the tests must say so)."""
         if report.failed:
+            crash = getattr(report.longrepr, "reprcrash", None)
             lines = [x for x in str(report.longrepr or "").strip().splitlines() if x.strip()]
-            last = (lines[-1] if lines else "error").strip()
-            last = last[1:].strip() if last.startswith("E ") else last  # pytest's error mark
+            marked = [x[1:].strip() for x in lines if x.startswith("E ")]  # pytest's error mark
+            last = (
+                str(crash.message).strip().splitlines()[0]
+                if crash is not None and str(crash.message).strip()
+                else (marked[-1] if marked else (lines[-1].strip() if lines else "error"))
+            )
             self.collection_errors.append(f"{report.nodeid or '.'}: {last[:300]}")
             if self.stream is not None:
                 with contextlib.suppress(OSError):

@@ -127,6 +127,17 @@ def _outside_packages(repo: Repo, rev: str, options: dict[str, object]) -> tuple
     )
 
 
+def pytest_settings(repo: Repo, rev: str) -> list[tuple[str, dict[str, object] | None]]:
+    """Each configuration file's pytest options at ``rev`` (what a change to pytest's
+    configuration is measured by: other edits to those files change no test's run)."""
+    out: list[tuple[str, dict[str, object] | None]] = []
+    for name in _CONFIG_FILES:
+        data = repo.show(rev, name)
+        text = data.decode("utf-8", errors="replace") if data is not None else None
+        out.append((name, _pytest_section(name, text) if text is not None else None))
+    return out
+
+
 def detect_layout(repo: Repo, rev: str) -> Layout:
     """The repository's pytest configuration at ``rev``, else :data:`DEFAULT_PATTERNS`."""
     for name in _CONFIG_FILES:

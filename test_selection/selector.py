@@ -179,8 +179,10 @@ def _choose_ranking(
             config.label or "",
             *sorted(str(s) for s in specs or ()),
             config.ranking,
+            # with a map: measured with the map of the day the anchor was first replayed, and
+            # kept while the anchor stands (a nightly map would otherwise replay every day)
             *(
-                [f"coverage:{m.repository}@{m.revision}:{m.backend}:{m.recorded_at}"]
+                [f"coverage:{m.repository}:{m.backend}"]
                 if (m := config.coverage.map if config.coverage else None)
                 else []
             ),

@@ -199,6 +199,55 @@ def test_record_refuses_a_run_that_collected_nothing_or_failed_to_collect(
     assert (len(cmap.tests), cmap.collected, cmap.collection_errors) == (N, N, [])
 
 
+def test_record_since_an_older_map_runs_again_only_what_the_change_can_reach(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """--since keeps every test whose file and executed code the change left alone; the map
+    it writes is the one a full recording gives."""
+    repo, base = _upstream(tmp_path)
+    old = tmp_path / "old.json.gz"
+    assert _record(cli, repo, base, old).code == 0
+    util = repo.commit("util", {"pkg/util.py": "def double(x):\n    return x + x\n"})
+    since = tmp_path / "since.json.gz"
+    done = cli("coverage", "record", "--upstream", repo.path, "--rev", util, "-o", since,
+               "--since", old)  # fmt: skip
+    assert done.code == 0, done.output
+    said = " ".join(done.output.split())
+    assert (
+        f"1 test file(s) run again (changed, or a test of them executed a changed file), {N} "
+        f"test(s) kept from {base[:12]}"
+    ) in said, said
+    full = tmp_path / "full.json.gz"
+    assert _record(cli, repo, util, full).code == 0
+    incremental, whole = CoverageMap.load(since), CoverageMap.load(full)
+    assert (incremental.revision, incremental.reused, incremental.reused_from) == (util, N, base)
+    assert incremental.tests == whole.tests
+    # a change no function record shows: the tests below a changed conftest.py run again
+    conf = repo.commit("conftest", {"tests/conftest.py": "import os\n"})
+    again = cli("coverage", "record", "--upstream", repo.path, "--rev", conf, "-o",
+                tmp_path / "conf.json.gz", "--since", full)  # fmt: skip
+    assert again.code == 0 and "2 test file(s) run again" in again.output, again.output
+    # nothing to run again: the kept records are the map, and no pytest runs
+    readme = repo.commit("docs", {"README": "x\n"})
+    kept = cli("coverage", "record", "--upstream", repo.path, "--rev", readme, "-o",
+               tmp_path / "readme.json.gz", "--since", tmp_path / "conf.json.gz")  # fmt: skip
+    assert kept.code == 0 and "0 test file(s) run again" in kept.output, kept.output
+    assert CoverageMap.load(tmp_path / "readme.json.gz").tests == whole.tests
+    # pytest's own settings changed: everything runs again
+    settings = repo.commit(
+        "settings", {"pyproject.toml": "[tool.pytest.ini_options]\nxfail_strict = true\n"}
+    )
+    everything = cli("coverage", "record", "--upstream", repo.path, "--rev", settings, "-o",
+                     tmp_path / "all.json.gz", "--since", full)  # fmt: skip
+    assert everything.code == 0, everything.output
+    assert "pytest's settings in pyproject.toml changed: all run again" in everything.output
+    other = tmp_path / "other.json.gz"
+    CoverageMap("someone/else", base, collected=1).save(other)
+    refused = cli("coverage", "record", "--upstream", repo.path, "-o", tmp_path / "x.json.gz",
+                  "--since", other)  # fmt: skip
+    assert refused.code == 2 and "--since: the map is of 'someone/else'" in refused.output
+
+
 def test_tests_that_start_threads_or_processes_or_take_the_profiler_are_flagged(
     tmp_path: Path, cli: Callable[..., CliResult]
 ) -> None:

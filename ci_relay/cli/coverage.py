@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -82,6 +82,14 @@ def record(
             "checkout's names). Default: the checkout's packages come first on the path."
         ),
     ] = None,
+    since: Annotated[
+        Path | None,
+        typer.Option(
+            help="An older map of this repository: run again only the test files the change "
+            "since its revision edited, or whose tests executed a file it changed, and keep "
+            "every other test's record (then the pytest arguments should be options only)."
+        ),
+    ] = None,
 ) -> None:
     """Record which functions each test executes (arguments after -- go to pytest).
     Refuses (exit 1, no map written) when pytest collected nothing or ended in a
@@ -93,8 +101,11 @@ def record(
         sha = Repo(upstream).resolve(rev)
     except GitError as exc:
         raise _fail(str(exc)) from None
+    update, older = _update_from(since, upstream, sha, repository) if since else (None, None)
     target = (output or Path(f"coverage-{sha[:12]}.json.gz")).resolve()
-    interpreter = str(python) if python is not None else sys.executable
+    interpreter = sys.executable
+    if python is not None:  # a path is the caller's (pytest runs in the worktree), a name PATH's
+        interpreter = str(python.absolute()) if os.sep in str(python) else str(python)
     name = repository or repository_name(upstream)
     if installed is not None and not installed.isidentifier():
         raise _fail(f"--installed {installed!r}: not a package name")
@@ -105,10 +116,17 @@ def record(
             Repo(upstream).run("worktree", "add", "--detach", "--quiet", "--", str(tree), sha)
         except GitError as exc:
             raise _fail(str(exc)) from None
+        args = list(ctx.args)
+        if update is not None and update.rerun is not None:
+            args += update.rerun
         try:
-            code, seconds = _run_pytest(
-                tree, written, name, sha, backend, ctx.args, timeout, interpreter, installed
-            )
+            if update is not None and update.rerun == []:
+                code, seconds = 0, 0.0
+                CoverageMap(name, sha, backend, collected=0).save(written)
+            else:
+                code, seconds = _run_pytest(
+                    tree, written, name, sha, backend, args, timeout, interpreter, installed
+                )
         finally:
             subprocess.run(
                 ["git", "-C", str(upstream), "worktree", "remove", "--force", str(tree)],
@@ -121,6 +139,15 @@ def record(
             cmap = CoverageMap.load(written)
         except CoverageMapError as exc:
             raise _fail(str(exc), 1) from None
+        if update is not None and older is not None:
+            out.print(f"since {older.revision[:12]}: {update.reason}", soft_wrap=True)
+            if update.rerun == [] or (update.kept and not cmap.tests and code == 5):
+                code = 0  # nothing to run again: the kept records are the map
+                cmap.collection_errors = []
+            from test_selection.coverage_update import merged
+
+            cmap = merged(cmap, update, older)
+            cmap.save(written)
         problem = refusal(cmap) or PYTEST_EXITS.get(code)
         if problem:
             raise _fail(
@@ -137,6 +164,45 @@ def record(
         f"({target.stat().st_size / 1024:.0f} KB)",
         soft_wrap=True,
     )
+
+
+def _update_from(since: Path, upstream: Path, sha: str, repository: str | None) -> tuple[Any, Any]:
+    """What ``--since MAP`` runs again and keeps (``coverage_update.plan_update``)."""
+    from test_selection.coverage_map import CoverageMap, CoverageMapError
+    from test_selection.coverage_update import plan_update
+    from test_selection.git import GitError, Repo
+    from test_selection.inventory import is_test_path
+    from test_selection.layout import detect_layout, pytest_settings
+
+    repo = Repo(upstream)
+    try:
+        older = CoverageMap.load(since)
+    except CoverageMapError as exc:
+        raise _fail(f"--since: {exc}") from None
+    name = repository or repository_name(upstream)
+    if older.repository and older.repository != name:
+        raise _fail(f"--since: the map is of {older.repository!r}, this upstream is {name!r}")
+    try:
+        changed = repo.text(
+            "diff", "--name-only", "-z", "--no-renames", "--end-of-options", older.revision, sha
+        ).split("\0")
+        files = repo.text("ls-tree", "-r", "-z", "--name-only", "--end-of-options", sha)
+    except GitError as exc:
+        raise _fail(f"--since: the map's revision {older.revision[:12]}: {exc}") from None
+    patterns = detect_layout(repo, sha).patterns
+    tests = {p for p in files.split("\0") if p and is_test_path(p, patterns)}
+    settings = next(
+        (
+            name
+            for (name, before), (_n, after) in zip(
+                pytest_settings(repo, older.revision), pytest_settings(repo, sha), strict=True
+            )
+            if before != after
+        ),
+        None,
+    )
+    update = plan_update(older, [p for p in changed if p], tests, lambda p: p in tests, settings)
+    return update, older
 
 
 def _check_interpreter(python: str, env: dict[str, str]) -> None:
