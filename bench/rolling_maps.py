@@ -15,6 +15,7 @@ the bench counts them.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -25,20 +26,23 @@ from typing import Any
 NIGHTLY = "nightly"
 
 
-def git(repo: str, *args: str) -> str:
+def git(repo: str, *args: str, check: bool = True) -> str:
+    """git in ``repo``, dates in UTC (the nightly's day is a UTC day)."""
     return subprocess.run(
-        ["git", "-C", repo, *args], capture_output=True, text=True, check=True
+        ["git", "-C", repo, *args],
+        capture_output=True,
+        text=True,
+        check=check,
+        env={**os.environ, "TZ": "UTC"},
     ).stdout
 
 
 def nightly_revision(repo: str, base: str) -> str | None:
     """The mainline commit the nightly before ``base``'s day would have recorded at."""
     day = git(repo, "show", "-s", "--format=%cd", "--date=format-local:%Y-%m-%d", base).strip()
-    found = subprocess.run(
-        ["git", "-C", repo, "rev-list", "-1", "--first-parent", f"--before={day}T00:00:00Z",
-         "HEAD"],
-        capture_output=True, text=True, check=False, env={"TZ": "UTC", "PATH": "/usr/bin:/bin"},
-    ).stdout.strip()  # fmt: skip
+    found = git(
+        repo, "rev-list", "-1", "--first-parent", f"--before={day}T00:00:00Z", "HEAD", check=False
+    ).strip()
     return found or None
 
 

@@ -1,0 +1,58 @@
+"""``bench/rolling_maps.py`` (issue 45): each replayed commit gets the map the nightly before
+its base's day would have recorded (the mainline commit before 00:00 UTC), or one every N
+replayed commits; a refused recording leaves its commits the previous usable map."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from tests.gitrepo import GitRepo
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("rolling_maps", BENCH / "rolling_maps.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["rolling_maps"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _commit_at(repo: GitRepo, message: str, when: str) -> str:
+    os.environ["GIT_COMMITTER_DATE"] = os.environ["GIT_AUTHOR_DATE"] = when
+    try:
+        return repo.commit(message, {"f.txt": message})
+    finally:
+        del os.environ["GIT_COMMITTER_DATE"], os.environ["GIT_AUTHOR_DATE"]
+
+
+def test_each_commit_gets_the_nightly_before_its_base_and_refusals_fall_back(
+    tmp_path: Path,
+) -> None:
+    rolling = _load()
+    repo = GitRepo(tmp_path / "r")
+    a = _commit_at(repo, "a", "2026-01-01T10:00:00Z")
+    b = _commit_at(repo, "b", "2026-01-01T23:30:00Z")
+    c = _commit_at(repo, "c", "2026-01-02T09:00:00Z")
+    d = _commit_at(repo, "d", "2026-01-02T15:00:00Z")
+    e = _commit_at(repo, "e", "2026-01-04T08:00:00Z")
+    path = str(repo.path)
+    assert rolling.nightly_revision(path, c) == b  # the last commit before Jan 2, 00:00 UTC
+    assert rolling.nightly_revision(path, a) is None  # nothing before its day
+    eligible = [(e, d), (d, c), (c, b), (b, a)]  # newest first, (commit, parent)
+    nightly = rolling.schedule(path, eligible, "nightly")
+    # the base's day decides: d's base c is on Jan 2 (map of b), e's base d too; b's base a
+    # is on Jan 1 with nothing before it: the oldest base, the series' start
+    assert nightly == {e: b, d: b, c: a, b: a}
+    assert rolling.schedule(path, eligible, "2") == {b: a, c: a, d: c, e: c}
+    recorded = rolling.Recorded(paths={a: "map-a"}, refused={b: "exit 1: collected nothing"})
+    assert rolling.assign(nightly, recorded, [a, b]) == {e: "map-a", d: "map-a", c: "map-a",
+                                                         b: "map-a"}  # fmt: skip
+    recorded = rolling.Recorded(paths={b: "map-b"}, refused={a: "exit 1"})
+    assert rolling.assign(nightly, recorded, [a, b]) == {e: "map-b", d: "map-b"}
