@@ -43,7 +43,7 @@ def reached_tests(
         out.append(
             None
             if r is None
-            else Reached(r.specificity, r.functions, r.function[1].rsplit(".", 1)[-1])
+            else Reached(r.depth, r.executed, r.functions, r.function[1].rsplit(".", 1)[-1])
         )
     return out
 

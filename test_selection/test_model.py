@@ -41,7 +41,8 @@ FEATURES = (
 )
 COVERAGE_FEATURES = (
     "it executed a changed function",
-    "how specifically (calls deep, functions run)",
+    "it called the changed function directly (1 / calls deep)",
+    "functions it runs in all (fewer: more specific)",
     "changed functions it executed",
     "the executed function's name is in its name",
 )
@@ -112,8 +113,9 @@ class Reached:
     """What a coverage map says of one test for one change (``coverage_map.Reach``, plus how
     many of the change's functions it executed)."""
 
-    specificity: float
-    functions: int
+    depth: int  # calls from the test to the changed function
+    executed: int  # functions the test runs in all
+    functions: int  # changed functions it executed
     function_name: str
 
 
@@ -173,12 +175,13 @@ def file_features(
         if reached is not None:
             r = reached[i]
             if r is None:
-                row += [0.0, 0.0, 0.0, 0.0]
+                row += [0.0, 0.0, 0.0, 0.0, 0.0]
             else:
                 short = set(_parts(r.function_name)) | {r.function_name.lower()}
                 row += [
                     1.0,
-                    r.specificity,
+                    1.0 / max(1, r.depth),
+                    math.log1p(r.executed),
                     math.log1p(r.functions),
                     1.0 if short & names[i] else 0.0,
                 ]
