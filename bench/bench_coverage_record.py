@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from test_selection.coverage_map import CoverageMap  # noqa: E402
+from test_selection.coverage.map import CoverageMap  # noqa: E402
 
 
 def _command(mode: str, repo: Path, out: Path, args: list[str]) -> list[str]:

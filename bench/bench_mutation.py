@@ -75,7 +75,7 @@ sys.path.insert(0, str(HERE))
 import mutation_lib as ml  # noqa: E402
 from bench_selection_history import load_yardstick  # noqa: E402
 
-from test_selection.coverage_map import CoverageIndex, CoverageMap  # noqa: E402
+from test_selection.coverage.map import CoverageIndex, CoverageMap  # noqa: E402
 from test_selection.selector import SelectorConfig, select  # noqa: E402
 from test_selection.types import Budget  # noqa: E402
 

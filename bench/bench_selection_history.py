@@ -61,7 +61,7 @@ sys.path.insert(0, str(ROOT))
 from rolling_maps import NIGHTLY, assign, record_series, schedule  # noqa: E402
 from rolling_maps import git as rolling_git  # noqa: E402
 
-from test_selection.coverage_map import CoverageMap, CoverageMapError  # noqa: E402
+from test_selection.coverage.map import CoverageMap, CoverageMapError  # noqa: E402
 from test_selection.selector import SelectorConfig, select  # noqa: E402
 from test_selection.types import Budget  # noqa: E402
 
@@ -343,7 +343,7 @@ def map_misses(result: dict[str, Any], key: str, family: str = MAP) -> dict[str,
     the map at all (the test is newer than the map), in it but it executed none of the
     functions the commit changed, or it executed one and the plan still did not choose it."""
     from test_selection.change_analysis import analyze
-    from test_selection.coverage_select import changed_functions
+    from test_selection.coverage.select import changed_functions
     from test_selection.git import GitError, Repo
 
     if family == ROLL:

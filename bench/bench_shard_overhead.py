@@ -360,7 +360,7 @@ def _coverage(args: argparse.Namespace, runtime: Runtime, test_file: Path, root:
     import gzip
     import json
 
-    from test_selection.coverage_map import read_streams
+    from test_selection.coverage.map import read_streams
 
     tests = generic_test_ids(test_file, root)
     print(

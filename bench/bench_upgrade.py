@@ -8,8 +8,9 @@ plus a 100-line pybind11 extension this script compiles), the script
 2. runs the whole test universe of the spec (the files you name) at A and at B with plain
    pytest, each side importing its own package, and lists every test (generic name, its
    parametrizations folded: failed if any failed) whose outcome differs, or that is new at B;
-3. times the upgrade analysis (``test_selection.upgrade.plan_upgrade``) on A..B and on a range
-   of ``--wide`` commits ending at B, next to the time the whole-universe run at B took;
+3. times the upgrade analysis (``test_selection.upgrade.spec_impact.plan_upgrade``) on A..B
+   and on a range of ``--wide`` commits ending at B, next to the time the whole-universe run
+   at B took;
 4. prints (a) the share of B's tests the upgrade selected, (b) recall of the outcome changes,
    with every miss and why, (c) the analysis time and its ratio to the full run.
 
@@ -48,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from test_selection.inventory import parse_test_file  # noqa: E402
-from test_selection.upgrade import plan_upgrade  # noqa: E402
+from test_selection.upgrade.spec_impact import plan_upgrade  # noqa: E402
 from test_selection.variants import match_variants  # noqa: E402
 
 BAD = {"failed", "error"}

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from test_selection.coverage_recorder import generic_test_id
+from test_selection.coverage.recorder import generic_test_id
 
 PERTURB = "__mutation_perturb__"
 

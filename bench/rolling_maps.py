@@ -94,7 +94,7 @@ def record_series(
 ) -> Recorded:
     """Record a map at each revision (oldest first), each after the first ``--since`` the
     previous usable one; maps already in ``cache`` are reused."""
-    from test_selection.coverage_map import CoverageMap, CoverageMapError
+    from test_selection.coverage.map import CoverageMap, CoverageMapError
 
     name = Path(repo).name
     done = Recorded()

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from ci_relay.context import RelayContext
 from ci_relay.store.models import Change, CoverageRecord, Run, Shard
-from test_selection.coverage_map import CoverageMap, CoverageMapError, read_streams, refusal
+from test_selection.coverage.map import CoverageMap, CoverageMapError, read_streams, refusal
 
 log = logging.getLogger("ci_relay.coverage")
 

@@ -129,7 +129,7 @@ class Settings(BaseSettings):
         default="range", description="range: tests the commits since the last nightly touch"
     )
     health_window_days: int = Field(default=14, ge=1, le=365)
-    # Per-test coverage maps (test_selection.coverage_map): recorded where the tests run
+    # Per-test coverage maps (test_selection.coverage.map): recorded where the tests run
     coverage_nightly: bool = Field(
         default=True, description="the nightly's shards record which functions each test ran"
     )

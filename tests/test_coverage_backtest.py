@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from test_selection.backtest import REACHED_FILES, REACHED_FIRST
-from test_selection.coverage_map import CoverageMap
+from test_selection.coverage.map import CoverageMap
+from test_selection.ranking.allocation import REACHED_FILES, REACHED_FIRST
 from test_selection.selector import SelectorConfig, select
 from test_selection.types import Budget, TestPlan
 from tests.conftest import CliResult

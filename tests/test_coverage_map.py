@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from test_selection.coverage_map import (
+from test_selection.coverage.map import (
     FORMAT,
     MAX_DEPTH,
     CoverageMap,

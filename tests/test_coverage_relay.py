@@ -18,7 +18,7 @@ from ci_relay.context import RelayContext
 from ci_relay.coverage_maps import forget_cached_maps, newest_map
 from ci_relay.nightly import nightly_steps
 from ci_relay.store.models import Change, CoverageRecord, Selection
-from test_selection.coverage_map import read_streams
+from test_selection.coverage.map import read_streams
 from tests.gitrepo import GitRepo
 from tests.relay_fixtures import drain, served_app, upstream_context
 from tests.test_coverage_map import dispatcher

@@ -29,7 +29,7 @@ from ci_relay.execution.runtimes import (
     scratch_usage,
 )
 from ci_relay.execution.shard import ShardReport, ShardRequest, run_shard
-from test_selection.coverage_map import read_streams
+from test_selection.coverage.map import read_streams
 from tests.conftest import CliResult
 
 pytestmark = pytest.mark.slow

@@ -26,6 +26,33 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
         ("spyre_emu",),
         "the real card never needs the emulator: the emulator knows specs, not the reverse",
     ),
+    # the selector's wings serve its stages: none reaches back to the conductor, and the
+    # coverage map and the release upgrade know nothing of the rankings
+    (
+        "test_selection.ranking",
+        ("test_selection.selector", "test_selection.evaluate", "test_selection.upgrade"),
+        "the rankings serve the selector's stages",
+    ),
+    (
+        "test_selection.coverage",
+        (
+            "test_selection.selector",
+            "test_selection.evaluate",
+            "test_selection.ranking",
+            "test_selection.upgrade",
+        ),
+        "the coverage map is read by the rankings, never the reverse",
+    ),
+    (
+        "test_selection.upgrade",
+        (
+            "test_selection.selector",
+            "test_selection.evaluate",
+            "test_selection.ranking",
+            "test_selection.coverage",
+        ),
+        "the release upgrade stands apart from selection",
+    ),
     ("ci_relay.intake", HIGH, "intake hands work on through ci_relay.steps"),
     ("ci_relay.reporting", HIGH, "reporting reads stored facts, never the steps"),
     ("ci_relay.dashboard", HIGH, "pages read the store"),
@@ -94,6 +121,9 @@ def test_no_lower_part_imports_a_higher_one() -> None:
         ("ci_relay.intake.routes", "from ci_relay.pipeline import Next\n"),
         ("ci_relay.reporting.build", "def f():\n    from ci_relay import pipeline\n"),
         ("test_selection.selector", "import ci_relay.settings\n"),
+        ("test_selection.ranking.choice", "from test_selection.selector import select\n"),
+        ("test_selection.coverage.map", "from test_selection.ranking.allocation import MODEL\n"),
+        ("test_selection.upgrade.release_diff", "from test_selection import selector\n"),
         ("reuse_specs.devices.spyre_card", "from spyre_emu.test_base import x\n"),
         ("reuse_specs.matching", "def f():\n    from spyre_emu.profile import SpyreProfile\n"),
         ("ci_relay.dashboard.queries", "from ..service.tasks import app\n"),

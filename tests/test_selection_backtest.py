@@ -9,13 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from test_selection import backtest, selector
+from test_selection import selector
 from test_selection.agents import LocalAgent
-from test_selection.allocation import Calibration
-from test_selection.backtest import MIN_CASES, ChoiceCache, build_cases
 from test_selection.git import Repo
-from test_selection.history import History
 from test_selection.inventory import is_test_path
+from test_selection.ranking import agent_check, choice
+from test_selection.ranking.allocation import Calibration
+from test_selection.ranking.cache import ChoiceCache
+from test_selection.ranking.cases import build_cases
+from test_selection.ranking.choice import MIN_CASES
+from test_selection.ranking.history import History
 from test_selection.selector import SelectorConfig, select
 from test_selection.test_bodies import edited_tests, split_tests
 from test_selection.types import Budget
@@ -99,7 +102,7 @@ def test_select_uses_the_ranking_that_wins_on_the_repositorys_own_history(
     tmp_path: Path, regime: str, winner: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the anchor is the base itself, so the backtest replays exactly the newest 60 commits
-    monkeypatch.setattr(backtest, "REFIT_EVERY", 1)
+    monkeypatch.setattr(choice, "REFIT_EVERY", 1)
     repo, _module_changed = _generate(tmp_path, regime)
     config = SelectorConfig(budget=Budget.parse("2%"), cache_dir=tmp_path / "cache")
     plan, hidden = _select_hiding_tests(repo, config)
@@ -343,13 +346,13 @@ def test_an_agent_runs_only_where_the_backtest_shows_it_places_edited_tests_earl
     runs: bool,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(backtest, "AGENT_NEW_TEXTS", 10)
+    monkeypatch.setattr(agent_check, "AGENT_NEW_TEXTS", 10)
     repo = _agent_history(tmp_path)
     history = History.read(Repo(repo.path), "HEAD")
     reader = _Reader("reader", similarity)
 
-    def measure() -> backtest.AgentVerdict:
-        return backtest.measure_agent(
+    def measure() -> agent_check.AgentVerdict:
+        return agent_check.measure_agent(
             Repo(repo.path),
             history,
             len(history.shas) - 1,
@@ -369,10 +372,10 @@ def test_an_agent_runs_only_where_the_backtest_shows_it_places_edited_tests_earl
         assert verdict.pending == max(0, left - 10)
         if not verdict.pending:
             break
-    assert verdict.pending == 0 and verdict.measured >= backtest.MIN_AGENT_TESTS
+    assert verdict.pending == 0 and verdict.measured >= agent_check.MIN_AGENT_TESTS
     assert verdict.runs is runs, verdict
     if runs:
-        assert verdict.with_agent < verdict.words - backtest.AGENT_MARGIN
+        assert verdict.with_agent < verdict.words - agent_check.AGENT_MARGIN
         assert verdict.note().startswith("the reader agent orders tests within files")
     else:
         assert verdict.note().startswith("the reader agent was skipped: on 12 past commit(s)")
@@ -396,7 +399,7 @@ class _CountingReader(LocalAgent):
 def test_the_agents_verdict_is_measured_once_for_the_next_commits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(backtest, "REFIT_EVERY", 1)  # a new anchor, so a new backtest, per commit
+    monkeypatch.setattr(choice, "REFIT_EVERY", 1)  # a new anchor, so a new backtest, per commit
     monkeypatch.setattr(selector, "AGENT_REMEASURE", 20)  # ... but one agent anchor for both
     repo = _agent_history(tmp_path)
     agent = _CountingReader(tmp_path / "cache")

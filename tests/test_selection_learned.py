@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from test_selection.git import Repo
-from test_selection.history import History
-from test_selection.learned import FEATURES, fit
+from test_selection.ranking.history import History
+from test_selection.ranking.learned import FEATURES, fit
 from test_selection.selector import SelectorConfig, select
 from test_selection.types import Budget
 from tests.gitrepo import GitRepo

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from test_selection import backtest
+from test_selection.ranking import choice
+from test_selection.ranking.test_model import TestText, change_terms, file_features, fit_model
 from test_selection.selector import SelectorConfig, select
-from test_selection.test_model import TestText, change_terms, file_features, fit_model
 from test_selection.types import Budget
 from tests.gitrepo import GitRepo
 
@@ -115,7 +115,7 @@ def _history(tmp_path: Path) -> GitRepo:
 def test_the_backtest_takes_the_model_where_only_the_names_tell_the_tests_apart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(backtest, "REFIT_EVERY", 1)  # replay exactly the newest commits
+    monkeypatch.setattr(choice, "REFIT_EVERY", 1)  # replay exactly the newest commits
     repo = _history(tmp_path)
     parent = repo.git("rev-parse", "HEAD^")
     changed = NAMES[(55 * 7) % len(NAMES)]

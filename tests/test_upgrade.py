@@ -337,7 +337,7 @@ def test_a_range_too_wide_to_compare_symbols_reruns_every_remaining_test(
     """Past the file limit (a vendor drop, years of history) helpers are not compared one by
     one: every test still there counts as changed, and the note says why."""
     from test_selection import change_analysis
-    from test_selection.upgrade import plan_upgrade
+    from test_selection.upgrade.spec_impact import plan_upgrade
 
     repo, a, b = release_repo
     monkeypatch.setattr(change_analysis, "MAX_FILES", 1)

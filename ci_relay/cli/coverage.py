@@ -94,7 +94,7 @@ def record(
     """Record which functions each test executes (arguments after -- go to pytest).
     Refuses (exit 1, no map written) when pytest collected nothing or ended in a
     collection error, naming the first error."""
-    from test_selection.coverage_map import CoverageMap, CoverageMapError, refusal
+    from test_selection.coverage.map import CoverageMap, CoverageMapError, refusal
     from test_selection.git import GitError, Repo
 
     try:
@@ -144,7 +144,7 @@ def record(
             if update.rerun == [] or (update.kept and not cmap.tests and code == 5):
                 code = 0  # nothing to run again: the kept records are the map
                 cmap.collection_errors = []
-            from test_selection.coverage_update import merged
+            from test_selection.coverage.update import merged
 
             cmap = merged(cmap, update, older)
             cmap.save(written)
@@ -168,8 +168,8 @@ def record(
 
 def _update_from(since: Path, upstream: Path, sha: str, repository: str | None) -> tuple[Any, Any]:
     """What ``--since MAP`` runs again and keeps (``coverage_update.plan_update``)."""
-    from test_selection.coverage_map import CoverageMap, CoverageMapError
-    from test_selection.coverage_update import plan_update
+    from test_selection.coverage.map import CoverageMap, CoverageMapError
+    from test_selection.coverage.update import plan_update
     from test_selection.git import GitError, Repo
     from test_selection.inventory import is_test_path
     from test_selection.layout import detect_layout, pytest_settings
@@ -281,7 +281,7 @@ def show(
     top: Annotated[int, typer.Option(min=0, help="Functions to list, most tests first.")] = 10,
 ) -> None:
     """Summarise a coverage map: what it covers, its busiest functions, its flags."""
-    from test_selection.coverage_map import CoverageMap, CoverageMapError
+    from test_selection.coverage.map import CoverageMap, CoverageMapError
 
     try:
         cmap = CoverageMap.load(path)

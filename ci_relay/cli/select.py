@@ -17,7 +17,7 @@ from reuse_specs.errors import SpecErrors
 if TYPE_CHECKING:  # the selector is imported when a command runs, not on every start
     from ci_relay.settings import Settings
     from test_selection.agents import Agent
-    from test_selection.coverage_map import CoverageIndex
+    from test_selection.coverage.map import CoverageIndex
     from test_selection.selector import SelectorConfig
     from test_selection.types import PlannedTest, TestPlan
 
@@ -139,8 +139,8 @@ def _coverage_index(path: Path, upstream: Path) -> CoverageIndex:
     """The map for ``select --coverage``, refused (exit 2) when it is not this repository's
     or not a map this version reads."""
     from ci_relay.cli.coverage import repository_name
-    from test_selection.coverage_map import CoverageMap, CoverageMapError
-    from test_selection.coverage_select import check_map
+    from test_selection.coverage.map import CoverageMap, CoverageMapError
+    from test_selection.coverage.select import check_map
     from test_selection.git import Repo
 
     try:

@@ -1,6 +1,6 @@
 """``ci-relay upgrade``: from one upstream release to the next, the tests that changed and the
-spec edits that follow. The work is in :mod:`test_selection.upgrade`; this is the command
-line (tables, the patch, writing files only when asked)."""
+spec edits that follow. The work is in :mod:`test_selection.upgrade.spec_impact`; this is the
+command line (tables, the patch, writing files only when asked)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from ci_relay.cli.common import (
 
 if TYPE_CHECKING:
     from reuse_specs.loader import LoadedSpec
-    from test_selection.upgrade import UpgradePlan
+    from test_selection.upgrade.spec_impact import UpgradePlan
 
 commands = typer.Typer()
 
@@ -83,7 +83,7 @@ def upgrade(
     drift needs a person, 2 on bad input. Nothing is written without --patch, --apply or
     --run-list.
     """
-    from test_selection.upgrade import UpgradeError, plan_upgrade
+    from test_selection.upgrade.spec_impact import UpgradeError, plan_upgrade
 
     root = _upstream_dir(upstream)
     if not (root / ".git").exists() and not (root / "HEAD").is_file():
@@ -174,7 +174,7 @@ def _count_variants(
     from ci_relay.execution.spec_run import pytest_args, run_pytest
     from reuse_specs.backends import get_backend
     from test_selection.git import Repo
-    from test_selection.upgrade import exported_tree
+    from test_selection.upgrade.spec_impact import exported_tree
 
     changed = {c.test: set(c.ops) for c in plan.diff.needing_run()}
     counts: dict[str, dict[str, int]] = {"total": {"variants": 0, "need_run": 0}}

@@ -70,7 +70,7 @@ class ShardRequest:
     # off for a real card whose runtime is not known to be fork-safe
     restart_in_process: bool | None = None
     # each test process appends its tests' executed functions to scratch/coverage-N.jsonl
-    # (the per-test coverage map, test_selection.coverage_map.read_streams)
+    # (the per-test coverage map, test_selection.coverage.map.read_streams)
     record_coverage: bool = False
 
     @property

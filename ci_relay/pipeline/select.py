@@ -29,8 +29,8 @@ from ci_relay.store.models import (
 )
 from reuse_specs.errors import SpecErrors
 from test_selection.agents import agent_by_name
-from test_selection.coverage_map import CoverageMap, CoverageMapError
-from test_selection.coverage_select import check_map
+from test_selection.coverage.map import CoverageMap, CoverageMapError
+from test_selection.coverage.select import check_map
 from test_selection.git import Repo
 from test_selection.layout import EmptyUniverse
 from test_selection.observations import Observation

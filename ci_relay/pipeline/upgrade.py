@@ -35,7 +35,7 @@ SIDES = ("base", "head")
 def plan_upgrade_job(rt: RelayContext, upgrade_id: int, stale_after: timedelta) -> list[Next]:
     """Diff the specs' tests between the upgrade's two commits, then queue a run of the
     changed set on each backend at each side."""
-    from test_selection.upgrade import UpgradeError, plan_upgrade
+    from test_selection.upgrade.spec_impact import UpgradeError, plan_upgrade
 
     with rt.db.session() as session:
         claimed = claim_pending_or_stale(

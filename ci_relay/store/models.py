@@ -359,7 +359,7 @@ class CrcrResult(Base):
 
 
 class CoverageRecord(Base):
-    """One shard's per-test coverage map (``test_selection.coverage_map``, its gzip JSON):
+    """One shard's per-test coverage map (``test_selection.coverage.map``, its gzip JSON):
     the functions each of its tests executed, recorded where the tests ran. The maps of a
     run's shards together are the map of that revision on that backend; the newest is what
     the relay's selection ranks with."""

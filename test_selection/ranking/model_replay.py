@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from test_selection.allocation import idf_order
-from test_selection.coverage_map import Reach
-from test_selection.test_model import (
+from test_selection.coverage.map import Reach
+from test_selection.ranking.allocation import idf_order
+from test_selection.ranking.test_model import (
     ChangeTerms,
     Reached,
     TestModel,

@@ -2,7 +2,7 @@
 
 No ranking wins on every repository: plain history counting is hard to beat where test files
 are many and small and change with their sources, a learned model wins where names and
-imports say more than co-change does. The backtest (``backtest.py``) replays each
+imports say more than co-change does. The backtest (``choice.py``) replays each
 candidate on the repository's own recent commits and the selector uses the winner, so each
 candidate here only has to be good somewhere. Every ranker sees history strictly before
 index ``at`` (a time split: nothing from the change itself or after it).
@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from test_selection.history import History
-from test_selection.learned import FEATURES, Ranker, _words, features
+from test_selection.ranking.history import History
+from test_selection.ranking.learned import FEATURES, Ranker, _words, features
 
 COUNTING_WINDOW = 1500  # commits of history the counting ranker looks back over
 MAX_COMMIT_FILES = 60  # larger commits (formatting sweeps, moves) say nothing about pairs

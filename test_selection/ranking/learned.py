@@ -7,7 +7,7 @@ imports a changed module, how recently and often it changes itself), and a logis
 regression learns their weights from the repository's past commits that changed source
 and tests together: features computed with the history *before* each commit, label = the
 commit edited that test file. It trains only on commits older than the ones it ranks for
-(time split); the backtest (``backtest.py``) decides whether it ranks at all.
+(time split); the backtest (``choice.py``) decides whether it ranks at all.
 
 Logistic regression, not a larger model: its score is a sum of per-feature contributions,
 so every selection can say what counted and by how much.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from test_selection.history import History
+from test_selection.ranking.history import History
 
 FEATURE_VERSION = 2  # 2: the fit kept as plain numbers
 FEATURES = (

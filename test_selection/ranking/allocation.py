@@ -34,6 +34,13 @@ from typing import Any
 
 FILE_WEIGHT = 0.1  # chosen leave-one-repository-out on six histories (bench/README.md)
 NO_EVIDENCE = -1  # the rank bucket of files a ranking gives no score at all
+# the rules a plan spends its budget by: this module's values spread over files, whole files
+# in rank order, or each test's chance from the test model (test_model.py)
+SPREAD, WHOLE = "spread", "whole"
+MODEL = "model"
+# with a coverage map: the tests that executed a changed function first in their file, and
+# also the files holding them moved up the ranking
+REACHED_FIRST, REACHED_FILES = "reached-first", "reached-files"
 _DECILES = 10
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from test_selection.change_analysis import ChangeAnalysis, changed_symbols
-from test_selection.coverage_map import (
+from test_selection.coverage.map import (
     CoverageIndex,
     CoverageMap,
     CoverageMapError,
@@ -41,6 +41,7 @@ class CoverageUse:
     # how the plan used it: "hand" (evidence beside the hand weights), "unused" (the
     # backtest found no gain), or the backtest's REACHED_FIRST / REACHED_FILES
     used: str = ""
+    index: CoverageIndex | None = field(default=None, repr=False, compare=False)  # the map read
 
     def evidence(self, test: TestId, weight: float = 1.0) -> Evidence | None:
         """Why ``test`` is here, worth ``weight`` times its measured specificity."""
@@ -163,7 +164,7 @@ def use_map(
         if cmap.revision == "working-tree"
         else commits_between(repo, cmap.revision, change.base)
     )
-    use = CoverageUse(cmap.revision, cmap.recorded_at, behind)
+    use = CoverageUse(cmap.revision, cmap.recorded_at, behind, index=index)
     targets: list[Function] = []
     for symbol, names in changed_functions(change).items():
         if is_test is not None and is_test(symbol.partition(":")[0]):

@@ -3,8 +3,8 @@ what that does to the specs, and the spec edits that follow.
 
 The specs are loaded against each revision's tree (exported from git into a scratch folder:
 the user's checkout is never touched), so paths and globs resolve as a run there would see
-them. The test-level diff is :mod:`test_selection.release_diff`; the edits are applied to the
-spec text by :mod:`reuse_specs.spec_patch` and the result is checked against the new
+them. The test-level diff is :mod:`test_selection.upgrade.release_diff`; the edits are applied
+to the spec text by :mod:`reuse_specs.spec_patch` and the result is checked against the new
 revision before anyone may write it.
 """
 
@@ -26,8 +26,8 @@ from reuse_specs.matching import TestVariant, find_rule
 from reuse_specs.spec_patch import PatchError, SpecEdit, patch_spec_text
 from reuse_specs.upstream_check import SpecDrift, find_drift
 from test_selection.git import GitError, Repo
-from test_selection.release_diff import ReleaseDiff, diff_release
 from test_selection.types import TestId
+from test_selection.upgrade.release_diff import ReleaseDiff, diff_release
 
 MAX_COMMITS = 1_000_000  # a range is two trees compared, not commits walked; this is a typo guard
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from test_selection.coverage_map import CoverageMap
+from test_selection.coverage.map import CoverageMap
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,319 @@
+"""A pytest plugin that records, per test, the functions of the code under test it executed.
+
+Function level through ``cProfile`` (the standard library's C profiler, enabled around each
+test): it sees every Python function call at a fraction of a line tracer's cost (coverage.py's
+dynamic contexts trace lines; ``bench/bench_coverage_record.py`` measures both), and its
+caller/callee pairs give each function's distance from the test in calls.
+
+Files are named as the upstream repository names them: below the upstream root, relative to
+it; below an installed copy of one of the upstream's top-level packages (an installed
+``torch`` for pytorch/pytorch), ``PACKAGE/...``. Everything else (the standard library, other
+packages, pytest) is left out.
+
+A test that starts threads or processes, or replaces the profiler, is recorded as far as the
+profiler saw and flagged; the plugin never fails a test.
+
+Enable with ``-p test_selection.coverage_recorder --record-coverage FILE --coverage-root DIR``
+(one map, written when the session ends), or ``--coverage-stream FILE`` (a relay shard: each
+test's record is appended as it ends, so a test process that crashes, or one forked per crash
+by the shard's restarts, loses nothing already recorded; ``coverage_map.read_streams`` turns
+the lines into a map).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import inspect
+import json
+import os
+import sys
+import threading
+import time
+import types
+from collections import deque
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from test_selection.coverage.map import (
+    MAX_DEPTH,
+    MAX_ERRORS,
+    STREAM_FORMAT,
+    CoverageMap,
+    Function,
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ci-relay coverage")
+    group.addoption("--record-coverage", default=None, help="write a per-test coverage map here")
+    group.addoption(
+        "--coverage-stream", default=None, help="append each test's record to this file (JSONL)"
+    )
+    group.addoption(
+        "--coverage-root", default=None, help="the upstream checkout (default: rootdir)"
+    )
+    group.addoption("--coverage-repository", default=None, help="owner/name recorded in the map")
+    group.addoption("--coverage-revision", default="working-tree", help="the commit recorded")
+    group.addoption("--coverage-backend", default=None, help="the backend recorded")
+    group.addoption(
+        "--coverage-package",
+        action="append",
+        default=[],
+        help="a top-level package of the upstream whose installed copy counts as its code "
+        "(default: the packages found at the root and under src/)",
+    )
+
+
+def upstream_packages(root: Path) -> list[str]:
+    """Top-level packages of a checkout: folders with ``__init__.py`` at its root or in src/."""
+    found = []
+    for base in (root, root / "src"):
+        if base.is_dir():
+            found += [
+                p.name
+                for p in sorted(base.iterdir())
+                if p.is_dir() and (p / "__init__.py").is_file() and p.name.isidentifier()
+            ]
+    return sorted(set(found) - {"test", "tests", "testing", "benchmarks", "docs"})
+
+
+class Namer:
+    """File path of a code object -> the path the upstream repository gives it (or None)."""
+
+    def __init__(self, root: Path, packages: list[str]) -> None:
+        self.root = str(root.resolve()) + os.sep
+        self.installed: list[tuple[str, str]] = []  # (folder + sep, package name)
+        for package in packages:
+            spec = _find_spec(package)
+            for location in spec or ():
+                folder = str(Path(location).resolve()) + os.sep
+                if not folder.startswith(self.root):
+                    self.installed.append((folder, package))
+        self.cache: dict[str, str | None] = {}
+
+    def __call__(self, filename: str) -> str | None:
+        try:
+            return self.cache[filename]
+        except KeyError:
+            pass
+        name = None
+        if filename and not filename.startswith("<"):
+            path = os.path.realpath(filename)
+            if path.startswith(self.root):
+                name = path[len(self.root) :].replace(os.sep, "/")
+            else:
+                for folder, package in self.installed:
+                    if path.startswith(folder):
+                        name = f"{package}/{path[len(folder) :].replace(os.sep, '/')}"
+                        break
+        self.cache[filename] = name
+        return name
+
+
+def _find_spec(package: str) -> list[str] | None:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.submodule_search_locations is None:
+        return None
+    return list(spec.submodule_search_locations)
+
+
+def generic_test_id(item: pytest.Item, root: Path) -> str:
+    """``FILE::Class::test`` of the test as written, before device or dtype instantiation
+    (the innermost wrapped function's qualified name), relative to the upstream root."""
+    try:
+        file = Path(str(item.path)).resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        file = item.nodeid.split("::", 1)[0]
+    function = getattr(item, "obj", None)
+    target = inspect.unwrap(function) if callable(function) else None
+    qualname = getattr(target, "__qualname__", "") or ""
+    if qualname and "<locals>" not in qualname and qualname.count(".") <= 1:
+        return f"{file}::{qualname.replace('.', '::')}"
+    parts = item.nodeid.split("[", 1)[0].split("::")
+    return "::".join([file, *parts[1:]])
+
+
+class StreamWriter:
+    """Appends records to a JSON-lines file, one ``os.write`` per line (``O_APPEND``): a
+    function is defined once per process (``{"pid", "f": [id, file, qualname]}``), a test's
+    record names the ids (``{"pid", "t": test, "s": [[id, depth], ...], "flags"}``). A test
+    already written in this process is written again only with what it adds (the variants
+    of one upstream test mostly execute the same functions). A process forked from this one
+    starts its own ids under its own pid."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        self.pid = -1
+        self._reset()
+
+    def _reset(self) -> None:
+        self.pid = os.getpid()
+        self.ids: dict[Function, int] = {}
+        self.written: dict[str, dict[Function, int]] = {}
+        self._line({"format": STREAM_FORMAT, "pid": self.pid})
+
+    def _line(self, record: dict[str, Any]) -> None:
+        os.write(self.fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+
+    def collection_error(self, text: str) -> None:
+        """A file that failed to collect (``{"pid", "e": text}``): the map must say so."""
+        if os.getpid() != self.pid:
+            self._reset()
+        self._line({"pid": self.pid, "e": text})
+
+    def add(self, test: str, functions: dict[Function, int], flags: set[str]) -> None:
+        if os.getpid() != self.pid:
+            self._reset()
+        known = self.written.setdefault(test, {})
+        new = {f: d for f, d in functions.items() if d < known.get(f, MAX_DEPTH + 1)}
+        if not new and not flags and known:
+            return
+        lines = []
+        for function in new:
+            if function not in self.ids:
+                self.ids[function] = len(self.ids)
+                lines.append({"pid": self.pid, "f": [self.ids[function], *function]})
+        for record in lines:
+            self._line(record)
+        pairs = sorted([self.ids[f], d] for f, d in new.items())
+        self._line({"pid": self.pid, "t": test, "s": pairs, "flags": sorted(flags)})
+        known.update(new)
+
+
+class Recorder:
+    def __init__(self, config: pytest.Config) -> None:
+        opt = config.option
+        self.output = Path(opt.record_coverage) if opt.record_coverage else None
+        self.stream = StreamWriter(Path(opt.coverage_stream)) if opt.coverage_stream else None
+        self.root = Path(opt.coverage_root or config.rootpath).resolve()
+        packages = opt.coverage_package or upstream_packages(self.root)
+        self.namer = Namer(self.root, packages)
+        self.map = CoverageMap(
+            repository=opt.coverage_repository or self.root.name,
+            revision=opt.coverage_revision,
+            backend=opt.coverage_backend,
+        )
+        self.current_flags: set[str] | None = None
+        self.started = time.monotonic()
+        self.collection_errors: list[str] = []
+        threading.setprofile(self._thread_started)
+        sys.addaudithook(self._audit)
+
+    def _thread_started(self, frame: Any, event: str, arg: Any) -> None:
+        if self.current_flags is not None:
+            self.current_flags.add("threads")
+        sys.setprofile(None)  # this thread is not followed: no more calls here
+
+    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if self.current_flags is not None and event in (
+            "subprocess.Popen",
+            "os.fork",
+            "os.posix_spawn",
+            "os.exec",
+        ):
+            self.current_flags.add("processes")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+        flags: set[str] = set()
+        self.current_flags = flags
+        profiler = cProfile.Profile()
+        try:
+            profiler.enable()
+        except ValueError:  # another profiler holds the interpreter
+            flags.add("failed-to-record")
+        try:
+            yield
+        finally:
+            replaced = sys.getprofile() is not cast(object, profiler)
+            profiler.disable()
+            if replaced:
+                flags.add("profiler-replaced")
+            self.current_flags = None
+            test = generic_test_id(item, self.root)
+            try:
+                functions = self._functions(profiler, item)
+            except Exception:  # never fail a test over its record
+                functions = {}
+                flags.add("failed-to-record")
+            if self.stream is not None:
+                # a full disk: the map loses a test, the test runs on
+                with contextlib.suppress(OSError):
+                    self.stream.add(test, functions, flags)
+            else:
+                self.map.add(test, functions, flags)
+
+    def _functions(self, profiler: cProfile.Profile, item: pytest.Item) -> dict[Function, int]:
+        """Named functions the test executed, each with its distance in calls from the test
+        file's own code (the test, its class's set-up) or, unreached from it, the deepest."""
+        entries = profiler.getstats()
+        test_file = self.namer(str(item.path))  # named (and cached) like every other file
+        callees: dict[object, list[object]] = {}
+        roots: list[object] = []
+        for entry in entries:
+            callees[entry.code] = [sub.code for sub in (entry.calls or ())]
+            if (
+                isinstance(entry.code, types.CodeType)
+                and test_file is not None
+                and self.namer(entry.code.co_filename) == test_file
+            ):
+                roots.append(entry.code)
+        depth: dict[object, int] = dict.fromkeys(roots, 0)
+        queue = deque(roots)
+        while queue:
+            caller = queue.popleft()
+            for callee in callees.get(caller, ()):
+                if callee not in depth:
+                    depth[callee] = depth[caller] + 1
+                    queue.append(callee)
+        out: dict[Function, int] = {}
+        for key in callees:
+            if not isinstance(key, types.CodeType):
+                continue
+            code: types.CodeType = key
+            name = self.namer(code.co_filename)
+            if name is None or code.co_name == "<module>":
+                continue
+            reached = depth.get(code)
+            function = (name, code.co_qualname)
+            value = MAX_DEPTH if reached is None else max(1, reached)
+            if value < out.get(function, MAX_DEPTH + 1):
+                out[function] = value
+        return out
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """Remember what failed to collect (a map of half the tests must say so)."""
+        if report.failed:
+            crash = getattr(report.longrepr, "reprcrash", None)
+            lines = [x for x in str(report.longrepr or "").strip().splitlines() if x.strip()]
+            marked = [x[1:].strip() for x in lines if x.startswith("E ")]  # pytest's error mark
+            last = (
+                str(crash.message).strip().splitlines()[0]
+                if crash is not None and str(crash.message).strip()
+                else (marked[-1] if marked else (lines[-1].strip() if lines else "error"))
+            )
+            self.collection_errors.append(f"{report.nodeid or '.'}: {last[:300]}")
+            if self.stream is not None:
+                with contextlib.suppress(OSError):
+                    self.stream.collection_error(self.collection_errors[-1])
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        threading.setprofile(None)
+        self.map.seconds = time.monotonic() - self.started
+        self.map.collected = session.testscollected
+        self.map.collection_errors = self.collection_errors[:MAX_ERRORS]
+        if self.output is not None:
+            self.map.save(self.output)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.option.record_coverage or config.option.coverage_stream:
+        config.pluginmanager.register(Recorder(config), "ci-relay-coverage-recorder")
