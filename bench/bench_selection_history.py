@@ -678,7 +678,8 @@ def main() -> int:
                 f"{main_fig['cold']:.1f} / {main_fig['warm']:.2f} | "
                 f"{'met' if not goals else '; '.join(goals)} |"
             )
-    if mapped or rolled:
+    unmapped = [n for n, r in zip(names, results, strict=True) if "error" in (r.get("map") or {})]
+    if mapped or rolled or unmapped:
         print_map_table(names, results, chosen, has)
     print("\nMisses at 15 % by cause (the LOO setting):")
     for k, (name, result) in enumerate(zip(names, results, strict=True)):
@@ -723,6 +724,14 @@ def main() -> int:
                 done = subprocess.run(command, capture_output=True, text=True, check=False)
                 for line in done.stdout.splitlines():
                     print(f"  {Path(repo).name} {budget:.0%} {line}")
+    if unmapped:
+        # asked for maps and did not get them: the figures "with a map" are missing, not equal
+        print(
+            f"\nno coverage map for {', '.join(unmapped)}: their rows have no figure with a map "
+            "(the reason is in the table above)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
