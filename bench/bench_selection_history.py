@@ -58,7 +58,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rolling_maps import NIGHTLY, assign, record_series, schedule  # noqa: E402
+from rolling_maps import NIGHTLY, assign, record_series, run_record, schedule  # noqa: E402
 from rolling_maps import git as rolling_git  # noqa: E402
 
 from test_selection.coverage.map import CoverageMap, CoverageMapError  # noqa: E402
@@ -129,11 +129,10 @@ def record_map(
         ]  # fmt: skip
         print(f"  {name}: recording a coverage map at {revision[:12]}", file=sys.stderr)
         began = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        returncode, said = run_record(command)
         info["record_seconds"] = round(time.perf_counter() - began, 1)
-        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
-        if done.returncode != 0 or not target.is_file():
-            info["error"] = f"coverage record exit {done.returncode}: {' / '.join(tail)}"
+        if returncode != 0 or not target.is_file():
+            info["error"] = f"coverage record exit {returncode}: {said}"
             return info
     try:
         cmap = CoverageMap.load(target)

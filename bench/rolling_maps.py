@@ -37,6 +37,21 @@ def git(repo: str, *args: str, check: bool = True) -> str:
     ).stdout
 
 
+def run_record(command: list[str]) -> tuple[int, str]:
+    """Run a ``ci-relay coverage record`` command: its exit code and the last lines it
+    printed, on one line. The terminal width is set wide so the CLI's error text arrives
+    unwrapped (a wrapped message read as "No / such file")."""
+    ran = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "COLUMNS": "400", "NO_COLOR": "1"},
+    )
+    lines = [line.strip(" │╭╮╰╯─") for line in (ran.stdout + ran.stderr).splitlines()]
+    return ran.returncode, " ".join(line for line in lines if line)[-500:]
+
+
 def nightly_revision(repo: str, base: str) -> str | None:
     """The mainline commit the nightly before ``base``'s day would have recorded at."""
     day = git(repo, "show", "-s", "--format=%cd", "--date=format-local:%Y-%m-%d", base).strip()
@@ -116,11 +131,10 @@ def record_series(
                 flush=True,
             )
             began = time.perf_counter()
-            ran = subprocess.run(command, capture_output=True, text=True, check=False)
+            returncode, said = run_record(command)
             done.seconds += time.perf_counter() - began
-            if ran.returncode != 0 or not target.is_file():
-                tail = (ran.stdout + ran.stderr).strip().splitlines()[-3:]
-                done.refused[revision] = f"exit {ran.returncode}: {' '.join(tail)}"[:500]
+            if returncode != 0 or not target.is_file():
+                done.refused[revision] = f"exit {returncode}: {said}"
                 continue
         try:
             cmap = CoverageMap.load(target)

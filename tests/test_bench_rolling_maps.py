@@ -56,3 +56,14 @@ def test_each_commit_gets_the_nightly_before_its_base_and_refusals_fall_back(
                                                          b: "map-a"}  # fmt: skip
     recorded = rolling.Recorded(paths={b: "map-b"}, refused={a: "exit 1"})
     assert rolling.assign(nightly, recorded, [a, b]) == {e: "map-b", d: "map-b"}
+
+
+def test_a_refused_recording_reports_the_cli_error_unwrapped(tmp_path: Path) -> None:
+    rolling = _load()
+    missing = tmp_path / ("a-folder-name-long-enough-to-wrap-a-narrow-terminal-" * 3)
+    returncode, said = rolling.run_record(
+        [sys.executable, "-m", "ci_relay", "coverage", "record", "--upstream", str(missing),
+         "--rev", "abc", "-o", str(tmp_path / "m.json.gz")]
+    )  # fmt: skip
+    assert returncode != 0
+    assert str(missing) in said and "No such file or directory" in said
