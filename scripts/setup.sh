@@ -4,6 +4,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# the installers' own output (warnings about this machine's package mirrors and the like) goes
+# to this log, printed only when an install fails
+mkdir -p .ci-relay
+log=.ci-relay/setup.log
+: > "$log"
+quietly() {  # quietly COMMAND...: run it with its output in $log; on failure print the log
+  if ! "$@" >>"$log" 2>&1; then
+    echo "setup: failed: $*" >&2
+    cat "$log" >&2
+    echo "setup: (this output is kept in $log)" >&2
+    exit 1
+  fi
+}
 
 command -v git >/dev/null || { echo "setup: git is required (apt-get install git)" >&2; exit 1; }
 # runtimes: bubblewrap (sandbox), Podman + runc (container), debootstrap (runner base image)
@@ -19,8 +32,8 @@ if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}" >&2
   if [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 \
-      || { apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; }
+    apt-get install -y -qq "${missing[@]}" >>"$log" 2>&1 \
+      || { quietly apt-get update -qq && quietly apt-get install -y -qq "${missing[@]}"; }
   else
     echo "setup: not root; the sandbox/container runtimes may be unavailable" >&2
   fi
@@ -40,7 +53,8 @@ sys.exit(0 if ours and m.version("torch").startswith("2.13.") else 1)' 2>/dev/nu
 fi
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.__version__.startswith("2.13.") else 1)' 2>/dev/null; then
   echo "setup: installing torch 2.13.0 (CPU)" >&2
-  "$PY" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+  quietly "$PY" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
 fi
-"$PY" -m pip install --quiet --disable-pip-version-check -e ".[torch,agent,dev]"
-mkdir -p .ci-relay && echo "$want" > "$stamp"
+echo "setup: installing ci-relay and its Python dependencies (installer output: $log)" >&2
+quietly "$PY" -m pip install --quiet --disable-pip-version-check -e ".[torch,agent,dev]"
+echo "$want" > "$stamp"
