@@ -19,7 +19,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from ci_relay.execution.runtimes import NOBODY, PODMAN_SOCKET
+from ci_relay.runtime_defaults import NOBODY, PODMAN_SOCKET
 from reuse_specs.backends import SPYRE_DEVICE_GLOB
 
 MiB = 1024 * 1024

@@ -15,6 +15,26 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("ci_relay", "test_selection", "reuse_specs", "spyre_emu")
 HIGH = ("ci_relay.pipeline", "ci_relay.service", "ci_relay.cli")
+EDGES = (
+    "ci_relay.intake",
+    "ci_relay.store",
+    "ci_relay.execution",
+    "ci_relay.reporting",
+    "ci_relay.dashboard",
+)
+# ci_relay's flat modules, by floor (docs/architecture.md): the base imports only the
+# libraries and each other; the base-with-store reads the store; the conductors sit with the CLI
+FLAT_BASE = tuple(
+    f"ci_relay.{m}"
+    for m in (
+        "settings", "runtime_defaults", "identifiers", "request_body", "policy", "logs",
+        "metrics", "source_digest", "api_docs", "checkouts",
+    )
+)  # fmt: skip
+FLAT_STORE = tuple(
+    f"ci_relay.{m}" for m in ("context", "steps", "audit", "coverage_maps", "nightly")
+)
+FLAT_TOP = ("ci_relay.demo", "ci_relay.replay", "ci_relay.__main__")
 
 # (importer prefix, forbidden import prefixes, why)
 RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -64,6 +84,18 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("ci_relay.execution", HIGH, "execution runs what the pipeline asks"),
     ("ci_relay.steps", HIGH, "the step protocol sits below the steps"),
     ("ci_relay.pipeline", ("ci_relay.service", "ci_relay.cli"), "the service runs the steps"),
+    *(
+        (m, (*HIGH, *EDGES, *FLAT_STORE, *FLAT_TOP), "the flat base needs no edge")
+        for m in FLAT_BASE
+    ),
+    *(
+        (
+            m,
+            (*HIGH, *(e for e in EDGES if e != "ci_relay.store"), *FLAT_TOP),
+            "the flat modules over the store read it, and no other edge",
+        )
+        for m in FLAT_STORE
+    ),
 )
 
 
@@ -127,10 +159,35 @@ def test_no_lower_part_imports_a_higher_one() -> None:
         ("reuse_specs.devices.spyre_card", "from spyre_emu.test_base import x\n"),
         ("reuse_specs.matching", "def f():\n    from spyre_emu.profile import SpyreProfile\n"),
         ("ci_relay.dashboard.queries", "from ..service.tasks import app\n"),
+        ("ci_relay.settings", "from ci_relay.execution.runtimes import NOBODY\n"),
+        ("ci_relay.identifiers", "from ci_relay.context import Context\n"),
+        ("ci_relay.steps", "from ci_relay.intake.routes import make_router\n"),
     ],
 )
 def test_a_reversed_import_is_caught(module: str, source: str) -> None:
     assert violations(module, source)
+
+
+def test_every_flat_module_has_a_floor() -> None:
+    """A new flat module of ci_relay must be given a floor here (and in docs/architecture.md)."""
+    flat = {f"ci_relay.{p.stem}" for p in (ROOT / "ci_relay").glob("*.py") if p.stem != "__init__"}
+    assert flat == {*FLAT_BASE, *FLAT_STORE, *FLAT_TOP}
+
+
+def test_loading_the_settings_loads_no_runtime_and_no_edge() -> None:
+    """Settings are read by every process, the runner's included: they must stay a leaf."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ci_relay.settings; "
+        "print(sorted(m for m in sys.modules if m.startswith('ci_relay.') "
+        "and m not in ('ci_relay.settings', 'ci_relay.runtime_defaults')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_the_flow_downwards_is_allowed() -> None:

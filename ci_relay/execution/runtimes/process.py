@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from ci_relay.runtime_defaults import NOBODY as NOBODY  # re-exported for the runtimes
+from ci_relay.runtime_defaults import PODMAN_SOCKET as PODMAN_SOCKET
+
 # Variables a shard may see; everything else of the worker's environment (secrets!) stays out.
 BASE_ENV_ALLOWLIST = ("PATH", "LANG", "LC_ALL", "TZ", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 # OpenMP's idle workers sleep instead of spinning, unless the worker's environment or the
@@ -26,9 +29,7 @@ BASE_ENV_ALLOWLIST = ("PATH", "LANG", "LC_ALL", "TZ", "OPENBLAS_CORETYPE", "OPEN
 # likely a scheduling group of its own too, where the spinner's time is the tests' time.
 OMP_WAIT_POLICY = "PASSIVE"
 
-PODMAN_SOCKET = "unix:///run/ci-relay/podman.sock"
 BUILD_HINT = "ci-relay images build"
-NOBODY = 65534  # the sandbox's default host user and group when the worker is root
 CONTAINER_USER = "1000:1000"  # the runner images' `runner` user (docker/runner.Containerfile)
 CHILD_PACKAGES = ("ci_relay", "reuse_specs", "spyre_emu", "test_selection")
 
