@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Request, Security
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
@@ -28,11 +28,7 @@ from ci_relay.context import RelayContext
 from ci_relay.identifiers import (
     DELIVERY_ID_PATTERN,
     EVENT_PATTERN,
-    CommitId,
-    DeliveryId,
-    EventName,
     InvalidIdentifier,
-    RepositoryName,
 )
 from ci_relay.identifiers import (
     delivery_id as check_delivery_id,
@@ -41,6 +37,7 @@ from ci_relay.identifiers import event_name as check_event_name
 from ci_relay.identifiers import hook_id as check_hook_id
 from ci_relay.intake.events import Interpretation, InvalidPayload, summarize
 from ci_relay.intake.signature import verify
+from ci_relay.intake.wire import DispatchEnvelope, UpgradeAccepted, UpgradeRequest
 from ci_relay.logs import delivery_context
 from ci_relay.metrics import Metrics
 from ci_relay.request_body import BodyTooLarge, parse_json, read_body_at_most
@@ -50,39 +47,6 @@ from ci_relay.store.models import Delivery, DeliveryState, Upgrade, utcnow
 log = logging.getLogger("ci_relay.intake")
 
 HANDLED_EVENTS = {"pull_request", "push", "check_run", "check_suite"}
-
-
-# a backend profile's name as the policy writes it (cpu, spyre, spyre-emu)
-BackendName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
-
-
-class UpgradeRequest(BaseModel):
-    """``POST /api/upgrades``: test what changed between two upstream commits, at both."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    repository: RepositoryName
-    base: CommitId  # A: the revision the specs are green at
-    head: CommitId  # B: the revision to move to
-    backends: list[BackendName] | None = Field(
-        default=None, max_length=16, description="default: every backend the policy names"
-    )
-
-
-class UpgradeAccepted(BaseModel):
-    id: int
-    url: str
-    state: str
-
-
-class DispatchEnvelope(BaseModel):
-    """What PyTorch's Cross-Repository CI Relay sends downstream (``client_payload``)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    event_type: EventName
-    delivery_id: DeliveryId
-    payload: dict[str, Any]
 
 
 def _metric_event(event: str | None) -> str:

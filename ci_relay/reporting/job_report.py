@@ -191,7 +191,7 @@ class Envelope:
 
 def read_envelope(event_path: Path) -> Envelope:
     """The CRCR envelope of a ``repository_dispatch`` event file (``$GITHUB_EVENT_PATH``)."""
-    from ci_relay.intake.routes import DispatchEnvelope  # the relay's own reading of it
+    from ci_relay.intake.wire import DispatchEnvelope  # the relay's own reading of it
 
     try:
         data = json.loads(event_path.read_text(encoding="utf-8"))
