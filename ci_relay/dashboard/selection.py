@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ci_relay.dashboard.views import (
+from ci_relay.dashboard.selection_views import (
     CoverageView,
     DriftView,
     EvidenceItem,
-    Pager,
     PlannedTestView,
     RankingCandidate,
     RankingView,
@@ -22,6 +21,7 @@ from ci_relay.dashboard.views import (
     StageEvidence,
     Variant,
 )
+from ci_relay.dashboard.views import Pager
 from test_selection.variants import match_variants, split_nodeid
 
 STAGE_ORDER = ("candidates", "agent", "plan")
