@@ -210,3 +210,25 @@ def test_the_runner_side_command_line_imports_no_server_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 120
+
+
+def test_no_module_over_600_lines_and_no_function_over_120() -> None:
+    """Sizes a newcomer can read (issue 46): a longer module or function is split by
+    responsibility, not allowed here."""
+    found = []
+    for package in ("ci_relay", "test_selection", "reuse_specs"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            source = path.read_text(encoding="utf-8")
+            where = path.relative_to(ROOT)
+            if (lines := source.count("\n")) > MAX_MODULE_LINES:
+                found.append(f"{where}: {lines} lines")
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    length = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if length > MAX_FUNCTION_LINES:
+                        found.append(f"{where}:{node.lineno} {node.name}: {length} lines")
+    assert not found, "\n".join(found)

@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:  # the job report module loads only when a report is sent
+    from ci_relay.reporting.job_report import JobIdentity, RetryPolicy
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -137,21 +140,7 @@ def report_crcr(
     1 refused (a 4xx: the body is wrong); 2 bad input; 3 still failing
     (5xx or network errors) after the retries.
     """
-    from ci_relay.reporting.job_report import (
-        OIDC_AUDIENCE,
-        Envelope,
-        JobIdentity,
-        JobReportError,
-        JunitSummary,
-        RetryPolicy,
-        SendFailed,
-        bearer_token,
-        callback_body,
-        read_envelope,
-        read_junit,
-        send,
-        write_github_output,
-    )
+    from ci_relay.reporting.job_report import JobIdentity, RetryPolicy
 
     if status not in ("in_progress", "completed"):
         raise _fail(f"--status {status!r}: use in_progress or completed")
@@ -162,6 +151,48 @@ def report_crcr(
     if not dry_run and not callback_url:
         raise _fail("--callback-url is needed (empty: is the repository variable set?)")
     policy = RetryPolicy(attempts=attempts, backoff=backoff, max_wait=max_wait, timeout=timeout)
+    job = JobIdentity(
+        name=name,
+        job_name=job_name,
+        run_id=run_id,
+        run_attempt=run_attempt,
+        check_run_id=check_run_id or None,
+        url=url or _run_url(run_id),
+        artifact_url=artifact_url or None,
+    )
+    body = _crcr_body(status, job, conclusion, junit, event, event_type, delivery_id, started_at)
+    if output is not None:
+        output.write_bytes(body)
+    if dry_run:
+        print(body.decode("utf-8"))
+        return
+    assert callback_url is not None
+    response_code = _crcr_send(callback_url, body, token_env, oidc, oidc_audience, policy)
+    out.print(f"CRCR {status} sent: HTTP {response_code}, {len(body)} bytes", soft_wrap=True)
+
+
+def _crcr_body(
+    status: str,
+    job: JobIdentity,
+    conclusion: str,
+    junit: list[Path] | None,
+    event: Path | None,
+    event_type: str | None,
+    delivery_id: str | None,
+    started_at: str | None,
+) -> bytes:
+    """The callback's body: the envelope (from the dispatch event, or named), the JUnit counts
+    of a completed job, the job's identity; an in_progress job also records its start."""
+    from ci_relay.reporting.job_report import (
+        Envelope,
+        JobReportError,
+        JunitSummary,
+        callback_body,
+        read_envelope,
+        read_junit,
+        write_github_output,
+    )
+
     try:
         if event_type or delivery_id:
             if not (event_type and delivery_id):
@@ -178,15 +209,6 @@ def report_crcr(
                 _note(f"no JUnit at {missing}: counted as no tests (did the run start?)")
             summary = read_junit(present)
         start = _time(started_at, "--started-at") or datetime.now(UTC)
-        job = JobIdentity(
-            name=name,
-            job_name=job_name,
-            run_id=run_id,
-            run_attempt=run_attempt,
-            check_run_id=check_run_id or None,
-            url=url or _run_url(run_id),
-            artifact_url=artifact_url or None,
-        )
         body = callback_body(
             envelope,
             job,
@@ -199,16 +221,31 @@ def report_crcr(
             write_github_output({"started_at": start.isoformat()})
     except JobReportError as exc:
         raise _fail(str(exc)) from None
-    if output is not None:
-        output.write_bytes(body)
-    if dry_run:
-        print(body.decode("utf-8"))
-        return
-    assert callback_url is not None
+    return body
+
+
+def _crcr_send(
+    callback_url: str,
+    body: bytes,
+    token_env: str | None,
+    oidc: bool,
+    audience: str,
+    policy: RetryPolicy,
+) -> int:
+    """POST the body with its bearer token (from the named variable, or GitHub's OIDC);
+    the HTTP status, or exit 1 on a refusal and 3 when the retries ran out."""
+    from ci_relay.reporting.job_report import (
+        OIDC_AUDIENCE,
+        JobReportError,
+        SendFailed,
+        bearer_token,
+        send,
+    )
+
     headers = {"content-type": "application/json", "user-agent": "ci-relay"}
     try:
         token = bearer_token(
-            token_env, (oidc_audience or OIDC_AUDIENCE) if oidc else None, policy=policy, note=_note
+            token_env, (audience or OIDC_AUDIENCE) if oidc else None, policy=policy, note=_note
         )
     except JobReportError as exc:
         raise _fail(str(exc)) from None
@@ -222,7 +259,7 @@ def report_crcr(
         if exc.refused:
             raise _fail(f"the callback refused the report: {exc.reason}", EXIT_REFUSED) from None
         raise _fail(f"the callback could not be reached: {exc.reason}", EXIT_GAVE_UP) from None
-    out.print(f"CRCR {status} sent: HTTP {response.status_code}, {len(body)} bytes", soft_wrap=True)
+    return int(response.status_code)
 
 
 def register(app: typer.Typer) -> None:

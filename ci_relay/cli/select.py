@@ -152,161 +152,161 @@ def _coverage_index(path: Path, upstream: Path) -> CoverageIndex:
     return cmap.index()
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("select")
-    def select_command(
-        upstream: Annotated[Path, typer.Option(help="Upstream git checkout.")],
-        base: Annotated[str, typer.Option(help="Base revision.")],
-        head: Annotated[str, typer.Option(help="Head revision.")],
-        spec: Annotated[
-            list[Path] | None, typer.Option(help="Reuse spec(s) bounding the universe.")
-        ] = None,
-        budget: Annotated[str, typer.Option(help="15% | 600s | 200 | all")] = "15%",
-        agent: Annotated[str, typer.Option(help="local | llm | none")] = "local",
-        shards: Annotated[int, typer.Option(min=1, help="Shards to split the selection into.")] = 1,
-        durations: Annotated[
-            Path | None, typer.Option(help="test-times.json for budgets in seconds.")
-        ] = None,
-        always_run: Annotated[
-            list[str] | None, typer.Option(help="Node-id glob always selected.")
-        ] = None,
-        llm_url: Annotated[
-            str | None, typer.Option(help="OpenAI-compatible base URL (…/v1).")
-        ] = None,
-        llm_model: Annotated[str | None, typer.Option(help="Model name for --agent llm.")] = None,
-        as_json: Annotated[
-            bool, typer.Option("--json", help="Print the TestPlan as JSON.")
-        ] = False,
-        explain: Annotated[
-            str | None, typer.Option(help="Show every stage's evidence for a test.")
-        ] = None,
-        pattern: Annotated[list[str] | None, typer.Option(help=PATTERN_HELP)] = None,
-        label: LabelOpt = None,
-        ranking: Annotated[str, typer.Option(help=RANKING_HELP)] = "auto",
-        coverage: Annotated[
-            Path | None,
-            typer.Option(help="A per-test coverage map (ci-relay coverage record)."),
-        ] = None,
-    ) -> None:
-        """Select the upstream tests a change needs (four stages), with reasons."""
-        from test_selection.git import GitError
-        from test_selection.layout import EmptyUniverse
-        from test_selection.selector import select
+def select_command(
+    upstream: Annotated[Path, typer.Option(help="Upstream git checkout.")],
+    base: Annotated[str, typer.Option(help="Base revision.")],
+    head: Annotated[str, typer.Option(help="Head revision.")],
+    spec: Annotated[
+        list[Path] | None, typer.Option(help="Reuse spec(s) bounding the universe.")
+    ] = None,
+    budget: Annotated[str, typer.Option(help="15% | 600s | 200 | all")] = "15%",
+    agent: Annotated[str, typer.Option(help="local | llm | none")] = "local",
+    shards: Annotated[int, typer.Option(min=1, help="Shards to split the selection into.")] = 1,
+    durations: Annotated[
+        Path | None, typer.Option(help="test-times.json for budgets in seconds.")
+    ] = None,
+    always_run: Annotated[
+        list[str] | None, typer.Option(help="Node-id glob always selected.")
+    ] = None,
+    llm_url: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL (…/v1).")] = None,
+    llm_model: Annotated[str | None, typer.Option(help="Model name for --agent llm.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the TestPlan as JSON.")] = False,
+    explain: Annotated[
+        str | None, typer.Option(help="Show every stage's evidence for a test.")
+    ] = None,
+    pattern: Annotated[list[str] | None, typer.Option(help=PATTERN_HELP)] = None,
+    label: LabelOpt = None,
+    ranking: Annotated[str, typer.Option(help=RANKING_HELP)] = "auto",
+    coverage: Annotated[
+        Path | None,
+        typer.Option(help="A per-test coverage map (ci-relay coverage record)."),
+    ] = None,
+) -> None:
+    """Select the upstream tests a change needs (four stages), with reasons."""
+    from test_selection.git import GitError
+    from test_selection.layout import EmptyUniverse
+    from test_selection.selector import select
 
-        config = _config(
-            budget,
-            agent,
-            shards,
-            durations,
-            always_run,
-            llm_url,
-            llm_model,
-            pattern,
-            label,
-            ranking,
-        )
-        if coverage is not None:
-            config.coverage = _coverage_index(coverage, upstream)
-        try:
-            with err.status("analysing the change and ranking tests…"):
-                plan, _ = select(upstream, base, head, spec or None, config)
-        except (GitError, EmptyUniverse) as exc:
-            err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
-            raise typer.Exit(2) from None
-        except SpecErrors as exc:
-            for error in exc.errors:
-                err.print(str(error), markup=False)
-            raise typer.Exit(2) from None
-        if as_json:
-            print(json.dumps(plan.to_json(), indent=2))
-            return
-        if explain:
-            _explain(plan, explain)
-            return
-        out.print(
-            _table(
-                plan, plan.selected, f"{len(plan.selected)} of {plan.universe_size} tests selected"
+    config = _config(
+        budget,
+        agent,
+        shards,
+        durations,
+        always_run,
+        llm_url,
+        llm_model,
+        pattern,
+        label,
+        ranking,
+    )
+    if coverage is not None:
+        config.coverage = _coverage_index(coverage, upstream)
+    try:
+        with err.status("analysing the change and ranking tests…"):
+            plan, _ = select(upstream, base, head, spec or None, config)
+    except (GitError, EmptyUniverse) as exc:
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    except SpecErrors as exc:
+        for error in exc.errors:
+            err.print(str(error), markup=False)
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(plan.to_json(), indent=2))
+        return
+    if explain:
+        _explain(plan, explain)
+        return
+    _print_plan(plan)
+
+
+def select_eval_command(
+    upstream: Annotated[Path, typer.Option(help="Upstream git repository.")],
+    commits: Annotated[str, typer.Option(help="Revision range, e.g. HEAD~200..HEAD.")],
+    budget: Annotated[str, typer.Option(help="15% | 600s | 200 | all")] = "15%",
+    agent: Annotated[str, typer.Option(help="local | llm | none")] = "local",
+    spec: Annotated[
+        list[Path] | None, typer.Option(help="Reuse spec(s) bounding the universe.")
+    ] = None,
+    max_commits: Annotated[
+        int, typer.Option(help="Evaluate at most this many commits (newest).")
+    ] = 200,
+    pattern: Annotated[list[str] | None, typer.Option(help=PATTERN_HELP)] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    label: LabelOpt = None,
+) -> None:
+    """Replay history: hide each commit's test edits and measure what the selector finds."""
+    from test_selection.evaluate import evaluate
+    from test_selection.git import GitError
+
+    config = _config(budget, agent, 1, None, None, None, None, pattern, label)
+    try:
+        with err.status("replaying history…") as status:
+            report = evaluate(
+                upstream,
+                commits,
+                config,
+                spec or None,
+                max_commits,
+                lambda i, n, sha: status.update(f"commit {i}/{n} {sha[:12]}"),
             )
+    except GitError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    data = report.to_json()
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    table = Table(
+        title=f"{data['commits_evaluated']} of {data['commits_seen']} commits "
+        "changed source and tests together"
+    )
+    for column in ("strategy", "test-file recall", "change recall", "selected fraction"):
+        table.add_column(column, justify="right" if column != "strategy" else "left")
+    for name, scores in data["strategies"].items():
+        table.add_row(
+            name,
+            f"{scores['test_file_recall']:.3f}",
+            f"{scores['change_recall']:.3f}",
+            f"{scores['selection_fraction']:.3f}",
         )
-        if plan.ranking:
-            out.print(
-                f"ranking: {plan.ranking['description']} (chosen by backtest on "
-                f"{plan.ranking['backtest_commits']} past commits)",
-                soft_wrap=True,
-            )
+    out.print(table)
+    out.print(f"budget {budget}, agent {agent}; baselines select as many tests as the selector did")
+
+
+def _print_plan(plan: TestPlan) -> None:
+    """The selection as a table, then its ranking, budget, shares, notes and spec drift."""
+    out.print(
+        _table(plan, plan.selected, f"{len(plan.selected)} of {plan.universe_size} tests selected")
+    )
+    if plan.ranking:
         out.print(
-            f"{plan.base[:12]}..{plan.head[:12]}  budget {plan.budget}  agent {plan.agent}  "
-            f"changed files {plan.change['file_count']}  ops {', '.join(plan.change['ops']) or '-'}"
-        )
-        shares = plan.shares()
-        out.print(
-            f"took {shares['tests']:.1%} of the tests, {shares['test_files']:.1%} of the test "
-            f"files, {shares['seconds']:.1%} of the estimated time; stages: "
-            + ", ".join(f"{k} {v:.2f}s" for k, v in plan.timings.items()),
+            f"ranking: {plan.ranking['description']} (chosen by backtest on "
+            f"{plan.ranking['backtest_commits']} past commits)",
             soft_wrap=True,
         )
-        for note in plan.notes:
-            out.print(f"note: {note}", markup=False, soft_wrap=True)
-        for item in plan.spec_drift:
-            hint = f"; likely renamed to {item['likely']!r}" if item["likely"] else ""
-            out.print(
-                f"spec drift: {item['file']}:{item['line']}: {item['message']}{hint}",
-                markup=False,
-                soft_wrap=True,
-            )
-
-    @app.command("select-eval")
-    def select_eval_command(
-        upstream: Annotated[Path, typer.Option(help="Upstream git repository.")],
-        commits: Annotated[str, typer.Option(help="Revision range, e.g. HEAD~200..HEAD.")],
-        budget: Annotated[str, typer.Option(help="15% | 600s | 200 | all")] = "15%",
-        agent: Annotated[str, typer.Option(help="local | llm | none")] = "local",
-        spec: Annotated[
-            list[Path] | None, typer.Option(help="Reuse spec(s) bounding the universe.")
-        ] = None,
-        max_commits: Annotated[
-            int, typer.Option(help="Evaluate at most this many commits (newest).")
-        ] = 200,
-        pattern: Annotated[list[str] | None, typer.Option(help=PATTERN_HELP)] = None,
-        as_json: Annotated[bool, typer.Option("--json")] = False,
-        label: LabelOpt = None,
-    ) -> None:
-        """Replay history: hide each commit's test edits and measure what the selector finds."""
-        from test_selection.evaluate import evaluate
-        from test_selection.git import GitError
-
-        config = _config(budget, agent, 1, None, None, None, None, pattern, label)
-        try:
-            with err.status("replaying history…") as status:
-                report = evaluate(
-                    upstream,
-                    commits,
-                    config,
-                    spec or None,
-                    max_commits,
-                    lambda i, n, sha: status.update(f"commit {i}/{n} {sha[:12]}"),
-                )
-        except GitError as exc:
-            err.print(f"[bold red]error:[/] {exc}")
-            raise typer.Exit(2) from None
-        data = report.to_json()
-        if as_json:
-            print(json.dumps(data, indent=2))
-            return
-        table = Table(
-            title=f"{data['commits_evaluated']} of {data['commits_seen']} commits "
-            "changed source and tests together"
-        )
-        for column in ("strategy", "test-file recall", "change recall", "selected fraction"):
-            table.add_column(column, justify="right" if column != "strategy" else "left")
-        for name, scores in data["strategies"].items():
-            table.add_row(
-                name,
-                f"{scores['test_file_recall']:.3f}",
-                f"{scores['change_recall']:.3f}",
-                f"{scores['selection_fraction']:.3f}",
-            )
-        out.print(table)
+    out.print(
+        f"{plan.base[:12]}..{plan.head[:12]}  budget {plan.budget}  agent {plan.agent}  "
+        f"changed files {plan.change['file_count']}  ops {', '.join(plan.change['ops']) or '-'}"
+    )
+    shares = plan.shares()
+    out.print(
+        f"took {shares['tests']:.1%} of the tests, {shares['test_files']:.1%} of the test "
+        f"files, {shares['seconds']:.1%} of the estimated time; stages: "
+        + ", ".join(f"{k} {v:.2f}s" for k, v in plan.timings.items()),
+        soft_wrap=True,
+    )
+    for note in plan.notes:
+        out.print(f"note: {note}", markup=False, soft_wrap=True)
+    for item in plan.spec_drift:
+        hint = f"; likely renamed to {item['likely']!r}" if item["likely"] else ""
         out.print(
-            f"budget {budget}, agent {agent}; baselines select as many tests as the selector did"
+            f"spec drift: {item['file']}:{item['line']}: {item['message']}{hint}",
+            markup=False,
+            soft_wrap=True,
         )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("select")(select_command)
+    app.command("select-eval")(select_eval_command)

@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Request, Security
+from fastapi import APIRouter, FastAPI, Request, Security
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -37,12 +38,12 @@ from ci_relay.identifiers import event_name as check_event_name
 from ci_relay.identifiers import hook_id as check_hook_id
 from ci_relay.intake.events import Interpretation, InvalidPayload, summarize
 from ci_relay.intake.signature import verify
-from ci_relay.intake.wire import DispatchEnvelope, UpgradeAccepted, UpgradeRequest
+from ci_relay.intake.wire import DispatchEnvelope
 from ci_relay.logs import delivery_context
 from ci_relay.metrics import Metrics
 from ci_relay.request_body import BodyTooLarge, parse_json, read_body_at_most
 from ci_relay.steps import Next
-from ci_relay.store.models import Delivery, DeliveryState, Upgrade, utcnow
+from ci_relay.store.models import Delivery, DeliveryState, utcnow
 
 log = logging.getLogger("ci_relay.intake")
 
@@ -76,17 +77,22 @@ def _github_headers(request: Request) -> tuple[str, str, str] | str:
     return event, delivery, hook
 
 
-def make_router(
-    rt: RelayContext,
-    metrics: Metrics,
-    enqueue: Callable[[list[Next]], None],
-    audit_log: AuditLog,
-) -> APIRouter:
-    router = APIRouter()
-    settings = rt.settings
+@dataclass(frozen=True)
+class Intake:
+    """What every intake route shares: the relay's context and metrics, the queue, the audit
+    log; kept on ``app.state.intake`` by :func:`install`, read by each route."""
 
-    def audit(request: Request, status: int, reason: str, event: str | None = None) -> None:
-        audit_log.record(
+    rt: RelayContext
+    metrics: Metrics
+    enqueue: Callable[[list[Next]], None]
+    audit_log: AuditLog
+
+    @property
+    def too_large(self) -> str:
+        return f"body over {self.rt.settings.max_body_bytes} bytes"
+
+    def audit(self, request: Request, status: int, reason: str, event: str | None = None) -> None:
+        self.audit_log.record(
             request.url.path,
             status,
             reason,
@@ -96,15 +102,16 @@ def make_router(
         )
 
     async def reject(
-        request: Request, status: int, reason: str, event: str | None, started: float
+        self, request: Request, status: int, reason: str, event: str | None, started: float
     ) -> JSONResponse:
-        await run_in_threadpool(audit, request, status, reason, event)
-        metrics.deliveries.labels(_metric_event(event), f"rejected_{status}").inc()
-        metrics.ack_seconds.observe(time.perf_counter() - started)
+        await run_in_threadpool(self.audit, request, status, reason, event)
+        self.metrics.deliveries.labels(_metric_event(event), f"rejected_{status}").inc()
+        self.metrics.ack_seconds.observe(time.perf_counter() - started)
         log.warning("rejected %s: %s (%s)", request.url.path, reason, status)
         return JSONResponse({"error": reason}, status_code=status)
 
     def store(
+        self,
         source: str,
         hook_id: str,
         delivery_id: str,
@@ -131,12 +138,12 @@ def make_router(
             enqueued_at=utcnow() if state == DeliveryState.RECEIVED else None,
         )
         try:
-            with rt.db.session() as session:
+            with self.rt.db.session() as session:
                 session.add(row)
                 session.flush()
                 return row.id, state, False
         except IntegrityError:  # a redelivery: same (hook id, delivery id)
-            with rt.db.session() as session:
+            with self.rt.db.session() as session:
                 existing = session.scalars(
                     select(Delivery).where(
                         Delivery.hook_id == hook_id, Delivery.delivery_id == delivery_id
@@ -145,6 +152,7 @@ def make_router(
                 return existing.id, existing.state, True
 
     async def accept(
+        self,
         request: Request,
         source: str,
         hook_id: str,
@@ -159,227 +167,194 @@ def make_router(
         try:
             meaning = summarize(event, payload)
         except InvalidPayload as exc:
-            return await reject(request, 422, f"{field_prefix}{exc}", event, started)
+            return await self.reject(request, 422, f"{field_prefix}{exc}", event, started)
         repository = meaning.repository
-        if rt.policy.for_repository(repository) is None:
+        if self.rt.policy.for_repository(repository) is None:
             reason = f"repository {repository} is not in the allowlist"
-            await run_in_threadpool(audit, request, 202, reason, event)
-            metrics.deliveries.labels(_metric_event(event), "not_allowed").inc()
-            metrics.ack_seconds.observe(time.perf_counter() - started)
+            await run_in_threadpool(self.audit, request, 202, reason, event)
+            self.metrics.deliveries.labels(_metric_event(event), "not_allowed").inc()
+            self.metrics.ack_seconds.observe(time.perf_counter() - started)
             log.info("delivery=%s event=%s ignored: %s", delivery_id, event, reason)
             return JSONResponse(
                 {"delivery_id": delivery_id, "state": DeliveryState.IGNORED, "reason": reason},
                 status_code=202,
             )
         pk, state, duplicate = await run_in_threadpool(
-            store, source, hook_id, delivery_id, event, body, headers, meaning
+            self.store, source, hook_id, delivery_id, event, body, headers, meaning
         )
         if state == DeliveryState.RECEIVED and not duplicate:
-            await run_in_threadpool(enqueue, [Next("process", pk)])
+            await run_in_threadpool(self.enqueue, [Next("process", pk)])
         outcome = "duplicate" if duplicate else state
-        metrics.deliveries.labels(_metric_event(event), outcome).inc()
-        metrics.ack_seconds.observe(time.perf_counter() - started)
+        self.metrics.deliveries.labels(_metric_event(event), outcome).inc()
+        self.metrics.ack_seconds.observe(time.perf_counter() - started)
         log.info("delivery=%s event=%s id=%s outcome=%s", delivery_id, event, pk, outcome)
         return JSONResponse(
             {"id": pk, "delivery_id": delivery_id, "state": state, "duplicate": duplicate},
             status_code=202,
         )
 
-    too_large = f"body over {settings.max_body_bytes} bytes"
-
-    async def read_within_limit(request: Request) -> bytes | None:
+    async def read_within_limit(self, request: Request) -> bytes | None:
         """The body, or None when it is over the limit (counted as it streams in)."""
         try:
-            return await read_body_at_most(request, settings.max_body_bytes)
+            return await read_body_at_most(request, self.rt.settings.max_body_bytes)
         except BodyTooLarge:
             return None
 
-    @router.post(
-        "/webhooks/github",
-        status_code=202,
-        response_model=Accepted,
-        responses={
-            200: {"model": Pong, "description": "a ping, recorded"},
-            **errors(400, 401, 413, 422),
-        },
-        openapi_extra={
-            **json_body({"type": "object"}, "a GitHub webhook payload, signed as received"),
-            "parameters": [
-                header("X-GitHub-Event", "the event, e.g. pull_request", pattern=EVENT_PATTERN),
-                header(
-                    "X-GitHub-Delivery",
-                    "the delivery's id (the idempotency key)",
-                    pattern=DELIVERY_ID_PATTERN,
-                ),
-                header("X-GitHub-Hook-ID", "the hook's id", False, "^([0-9]{1,20})?$"),
-                header(
-                    "X-Hub-Signature-256",
-                    "sha256=HMAC of the body with the webhook secret",
-                    required=False,
-                ),
-            ],
-        },
-    )
-    async def github_webhook(request: Request) -> JSONResponse:
-        with delivery_context(request.headers.get("x-github-delivery")):
-            return await _github_webhook(request)
 
-    async def _github_webhook(request: Request) -> JSONResponse:
-        started = time.perf_counter()
-        event = request.headers.get("x-github-event")
-        body = await read_within_limit(request)
-        if body is None:
-            return await reject(request, 413, too_large, event, started)
-        secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
-        signature = request.headers.get("x-hub-signature-256")
-        if secret is not None and not verify(secret, body, signature):
-            reason = "missing X-Hub-Signature-256" if not signature else "signature mismatch"
-            return await reject(request, 401, reason, event, started)
-        named = _github_headers(request)
-        if isinstance(named, str):
-            return await reject(request, 400, named, event, started)
-        event, delivery_id, hook_id = named
-        try:
-            payload = parse_json(body)
-        except ValueError as exc:  # bad UTF-8 or syntax, giant ints, nesting, surrogates
-            return await reject(request, 400, f"body is not JSON: {exc}", event, started)
-        if not isinstance(payload, dict):
-            return await reject(request, 400, "body is not a JSON object", event, started)
-        headers = {
-            k: v
-            for k, v in request.headers.items()
-            if k.startswith("x-github-") or k in ("user-agent", "content-type")
-        }
-        if event == "ping":  # recorded (as ignored) and answered 200, as GitHub expects
-            try:
-                meaning = summarize(event, payload)
-            except InvalidPayload as exc:
-                return await reject(request, 422, str(exc), event, started)
-            await run_in_threadpool(
-                store, "github", hook_id, delivery_id, event, body, headers, meaning
-            )
-            metrics.deliveries.labels("ping", "pong").inc()
-            zen = payload.get("zen")
-            return JSONResponse(
-                {"pong": True, "zen": zen if isinstance(zen, str) else None}, status_code=200
-            )
-        return await accept(
-            request, "github", hook_id, delivery_id, event, body, headers, payload, started
-        )
+router = APIRouter()  # the webhooks: GitHub's and the CRCR dispatch
 
-    @router.post(
-        "/webhooks/dispatch",
-        status_code=202,
-        response_model=Accepted,
-        responses=errors(400, 401, 413, 422),
-        openapi_extra={
-            **json_body(
-                DispatchEnvelope.model_json_schema(),
-                "the CRCR envelope, bare or as a repository_dispatch body's client_payload",
+
+def intake_of(request: Request) -> Intake:
+    """What :func:`install` put on the app, for a route of any intake group."""
+    intake: Intake = request.app.state.intake
+    return intake
+
+
+@router.post(
+    "/webhooks/github",
+    status_code=202,
+    response_model=Accepted,
+    responses={
+        200: {"model": Pong, "description": "a ping, recorded"},
+        **errors(400, 401, 413, 422),
+    },
+    openapi_extra={
+        **json_body({"type": "object"}, "a GitHub webhook payload, signed as received"),
+        "parameters": [
+            header("X-GitHub-Event", "the event, e.g. pull_request", pattern=EVENT_PATTERN),
+            header(
+                "X-GitHub-Delivery",
+                "the delivery's id (the idempotency key)",
+                pattern=DELIVERY_ID_PATTERN,
             ),
-        },
-        dependencies=[Security(DISPATCH_AUTH)],
-    )
-    async def crcr_dispatch(request: Request) -> JSONResponse:
-        started = time.perf_counter()
-        body = await read_within_limit(request)
-        if body is None:
-            return await reject(request, 413, too_large, None, started)
-        token = settings.dispatch_token.get_secret_value() if settings.dispatch_token else None
-        auth = request.headers.get("authorization", "")
-        if token is None or not _same(auth, f"Bearer {token}"):
-            reason = "dispatch is disabled (no token set)" if token is None else "bad bearer token"
-            return await reject(request, 401, reason, None, started)
-        try:
-            data = parse_json(body)
-        except ValueError as exc:  # bad UTF-8 or syntax, giant ints, nesting, surrogates
-            return await reject(request, 400, f"body is not JSON: {exc}", None, started)
-        try:
-            envelope = DispatchEnvelope.model_validate(
-                data.get("client_payload", data) if isinstance(data, dict) else data
-            )
-        except ValidationError as exc:
-            problem = InvalidPayload.from_validation(exc)
-            return await reject(request, 422, f"envelope field {problem}", None, started)
-        with delivery_context(envelope.delivery_id):
-            return await accept(
-                request,
-                "dispatch",
-                "crcr",
-                envelope.delivery_id,
-                envelope.event_type,
-                body,
-                {"user-agent": request.headers.get("user-agent", "")[:256]},
-                envelope.payload,
-                started,
-                field_prefix="envelope field payload.",
-            )
+            header("X-GitHub-Hook-ID", "the hook's id", False, "^([0-9]{1,20})?$"),
+            header(
+                "X-Hub-Signature-256",
+                "sha256=HMAC of the body with the webhook secret",
+                required=False,
+            ),
+        ],
+    },
+)
+async def github_webhook(request: Request) -> JSONResponse:
+    with delivery_context(request.headers.get("x-github-delivery")):
+        return await _github_webhook(request)
 
-    @router.post(
-        "/api/upgrades",
-        status_code=202,
-        response_model=UpgradeAccepted,
-        responses=errors(400, 401, 413, 422),
-        openapi_extra=json_body(UpgradeRequest.model_json_schema(), "the upgrade to test"),
-        dependencies=[Security(DISPATCH_AUTH)],
-    )
-    async def submit_upgrade(request: Request) -> JSONResponse:
-        """A release upgrade job (behind the dispatch token): the specs' tests that changed
-        between ``base`` and ``head`` run at both on each backend; ``url`` compares them."""
-        started = time.perf_counter()
-        body = await read_within_limit(request)
-        if body is None:
-            return await reject(request, 413, too_large, "upgrade", started)
-        token = settings.dispatch_token.get_secret_value() if settings.dispatch_token else None
-        if token is None or not _same(request.headers.get("authorization", ""), f"Bearer {token}"):
-            reason = "upgrades are disabled (no token set)" if token is None else "bad bearer token"
-            return await reject(request, 401, reason, "upgrade", started)
+
+async def _github_webhook(request: Request) -> JSONResponse:
+    intake = intake_of(request)
+    settings = intake.rt.settings
+    started = time.perf_counter()
+    event = request.headers.get("x-github-event")
+    body = await intake.read_within_limit(request)
+    if body is None:
+        return await intake.reject(request, 413, intake.too_large, event, started)
+    secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
+    signature = request.headers.get("x-hub-signature-256")
+    if secret is not None and not verify(secret, body, signature):
+        reason = "missing X-Hub-Signature-256" if not signature else "signature mismatch"
+        return await intake.reject(request, 401, reason, event, started)
+    named = _github_headers(request)
+    if isinstance(named, str):
+        return await intake.reject(request, 400, named, event, started)
+    event, delivery_id, hook_id = named
+    try:
+        payload = parse_json(body)
+    except ValueError as exc:  # bad UTF-8 or syntax, giant ints, nesting, surrogates
+        return await intake.reject(request, 400, f"body is not JSON: {exc}", event, started)
+    if not isinstance(payload, dict):
+        return await intake.reject(request, 400, "body is not a JSON object", event, started)
+    headers = {
+        k: v
+        for k, v in request.headers.items()
+        if k.startswith("x-github-") or k in ("user-agent", "content-type")
+    }
+    if event == "ping":  # recorded (as ignored) and answered 200, as GitHub expects
         try:
-            wanted = UpgradeRequest.model_validate(parse_json(body))
-        except ValueError as exc:  # not JSON, or a field pydantic refused (it says which)
-            problem = (
-                InvalidPayload.from_validation(exc)
-                if isinstance(exc, ValidationError)
-                else f"body is not JSON: {exc}"
-            )
-            status = 422 if isinstance(exc, ValidationError) else 400
-            return await reject(request, status, str(problem), "upgrade", started)
-        repo_policy = rt.policy.for_repository(wanted.repository)
-        if repo_policy is None:
-            reason = f"repository {wanted.repository} is not in the allowlist"
-            return await reject(request, 422, reason, "upgrade", started)
-        allowed = sorted(repo_policy.backends)
-        backends = wanted.backends or allowed
-        unknown = sorted(set(backends) - set(allowed))
-        if unknown:
-            reason = f"backends {', '.join(unknown)} do not run for {wanted.repository}"
-            return await reject(request, 422, reason, "upgrade", started)
-
-        def create() -> int:
-            with rt.db.session() as session:
-                job = Upgrade(
-                    repository=wanted.repository,
-                    base_sha=wanted.base,
-                    head_sha=wanted.head,
-                    backends=list(dict.fromkeys(backends)),
-                    plan={},
-                )
-                session.add(job)
-                session.flush()
-                return job.id
-
-        upgrade_id = await run_in_threadpool(create)
-        await run_in_threadpool(enqueue, [Next("upgrade", upgrade_id)])
-        log.info("upgrade %s: %s..%s queued", upgrade_id, wanted.base[:12], wanted.head[:12])
+            meaning = summarize(event, payload)
+        except InvalidPayload as exc:
+            return await intake.reject(request, 422, str(exc), event, started)
+        await run_in_threadpool(
+            intake.store, "github", hook_id, delivery_id, event, body, headers, meaning
+        )
+        intake.metrics.deliveries.labels("ping", "pong").inc()
+        zen = payload.get("zen")
         return JSONResponse(
-            {"id": upgrade_id, "url": f"/upgrades/{upgrade_id}", "state": "pending"},
-            status_code=202,
+            {"pong": True, "zen": zen if isinstance(zen, str) else None}, status_code=200
+        )
+    return await intake.accept(
+        request, "github", hook_id, delivery_id, event, body, headers, payload, started
+    )
+
+
+@router.post(
+    "/webhooks/dispatch",
+    status_code=202,
+    response_model=Accepted,
+    responses=errors(400, 401, 413, 422),
+    openapi_extra={
+        **json_body(
+            DispatchEnvelope.model_json_schema(),
+            "the CRCR envelope, bare or as a repository_dispatch body's client_payload",
+        ),
+    },
+    dependencies=[Security(DISPATCH_AUTH)],
+)
+async def crcr_dispatch(request: Request) -> JSONResponse:
+    intake = intake_of(request)
+    settings = intake.rt.settings
+    started = time.perf_counter()
+    body = await intake.read_within_limit(request)
+    if body is None:
+        return await intake.reject(request, 413, intake.too_large, None, started)
+    token = settings.dispatch_token.get_secret_value() if settings.dispatch_token else None
+    auth = request.headers.get("authorization", "")
+    if token is None or not tokens_match(auth, f"Bearer {token}"):
+        reason = "dispatch is disabled (no token set)" if token is None else "bad bearer token"
+        return await intake.reject(request, 401, reason, None, started)
+    try:
+        data = parse_json(body)
+    except ValueError as exc:  # bad UTF-8 or syntax, giant ints, nesting, surrogates
+        return await intake.reject(request, 400, f"body is not JSON: {exc}", None, started)
+    try:
+        envelope = DispatchEnvelope.model_validate(
+            data.get("client_payload", data) if isinstance(data, dict) else data
+        )
+    except ValidationError as exc:
+        problem = InvalidPayload.from_validation(exc)
+        return await intake.reject(request, 422, f"envelope field {problem}", None, started)
+    with delivery_context(envelope.delivery_id):
+        return await intake.accept(
+            request,
+            "dispatch",
+            "crcr",
+            envelope.delivery_id,
+            envelope.event_type,
+            body,
+            {"user-agent": request.headers.get("user-agent", "")[:256]},
+            envelope.payload,
+            started,
+            field_prefix="envelope field payload.",
         )
 
-    return router
+
+def install(
+    app: FastAPI,
+    rt: RelayContext,
+    metrics: Metrics,
+    enqueue: Callable[[list[Next]], None],
+    audit_log: AuditLog,
+) -> None:
+    """Mount the intake's routes on ``app`` with what they share."""
+    from ci_relay.intake import upgrades
+
+    app.state.intake = Intake(rt, metrics, enqueue, audit_log)
+    app.include_router(router)
+    app.include_router(upgrades.router)
 
 
-def _same(a: str, b: str) -> bool:
+def tokens_match(a: str, b: str) -> bool:
+    """Compare a presented secret in constant time."""
     import hmac
 
     return hmac.compare_digest(a.encode(), b.encode())

@@ -49,7 +49,7 @@ def create_app(
     metrics = Metrics()
     app.state.metrics = metrics
     app.state.audit_log = audit_log
-    app.include_router(intake.make_router(rt, metrics, enqueue, audit_log))
+    intake.install(app, rt, metrics, enqueue, audit_log)
     app.include_router(api.make_router(rt, metrics, broker_ok))
     app.include_router(crcr_ingest.make_router(rt, audit_log))
     dashboard.install(app, rt)
