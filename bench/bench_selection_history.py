@@ -263,7 +263,11 @@ def replay(
                 for family, cov in families:
                     config = SelectorConfig(
                         budget=Budget("fraction", budget),
-                        cache_dir=cache,
+                        # a backtest cache per family: the selector keys a choice made with
+                        # a map by repository, not by the map's revision (the relay keeps it
+                        # while the anchor stands), so one shared cache would hand the
+                        # rolling family the one-off map's choices
+                        cache_dir=cache / (family.lstrip("+") or "none"),
                         file_weight=weight,
                         agent=agent,
                         coverage=cov,

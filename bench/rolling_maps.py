@@ -135,17 +135,30 @@ def record_series(
             done.seconds += time.perf_counter() - began
             if returncode != 0 or not target.is_file():
                 done.refused[revision] = f"exit {returncode}: {said}"
+                _say_refused(name, revision, done.refused[revision])
                 continue
         try:
             cmap = CoverageMap.load(target)
         except CoverageMapError as exc:
             done.refused[revision] = str(exc)
+            _say_refused(name, revision, done.refused[revision])
             continue
         done.paths[revision] = str(target)
         done.reused += cmap.reused
         done.rerun += len(cmap.tests) - cmap.reused
         previous = target
     return done
+
+
+def _say_refused(name: str, revision: str, why: str) -> None:
+    """One line per refused map, its reason from the CLI's ``error:`` on when it gave one,
+    so that a run whose maps were refused says why while it runs, not only in ``--save``."""
+    at = why.find("error:")
+    print(
+        f"  {name}: map at {revision[:12]} refused: {why[at:] if at >= 0 else why}"[:400],
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def assign(wanted: dict[str, str], recorded: Recorded, order: list[str]) -> dict[str, str]:

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from tests.gitrepo import GitRepo
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -67,6 +69,18 @@ def test_a_refused_recording_reports_the_cli_error_unwrapped(tmp_path: Path) -> 
     )  # fmt: skip
     assert returncode != 0
     assert str(missing) in said and "No such file or directory" in said
+
+
+def test_a_refused_map_is_kept_with_its_reason_and_said_while_the_run_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rolling = _load()
+    missing = tmp_path / "no-such-upstream"
+    done = rolling.record_series(str(missing), ["a" * 40], tmp_path / "cache", None, [], 30.0)
+    assert done.paths == {} and list(done.refused) == ["a" * 40]
+    assert "No such file or directory" in done.refused["a" * 40]
+    said = capsys.readouterr().err
+    assert f"map at {'a' * 12} refused: " in said and "No such file or directory" in said
 
 
 def _load_history_bench() -> ModuleType:

@@ -21,6 +21,15 @@ export CONTAINERS_CONF=${CONTAINERS_CONF:-$root/docker/containers.conf}
 work=${CI_RELAY_IMAGE_WORK:-/var/tmp/ci-relay-images}
 mkdir -p "$work"
 say() { echo "images: $*" >&2; }
+# quietly COMMAND...: the installer's chatter (pip warns about every find-links folder this
+# machine's configuration names) goes to a log, printed only when the command fails
+quietly() {
+  if ! "$@" >"$work/installer.log" 2>&1; then
+    cat "$work/installer.log" >&2
+    say "failed: $1 ... (its output above, kept in $work/installer.log)"
+    return 1
+  fi
+}
 # the tag a worker asks for: the digest of the ci-relay sources the image runs
 src=$(PYTHONPATH="$root" python3 -m ci_relay.source_digest "$root")
 # everything the builds read from the checkout (see build)
@@ -87,7 +96,7 @@ services_base() { debian_base postgresql-15,redis-server,passwd; }
 own_wheel() {  # own_wheel CONTEXT: ci-relay's wheel, built reproducibly, alone in CONTEXT/own
   rm -rf "$1/own" "$root/build"  # setuptools never prunes build/lib: a deleted module would ship
   mkdir -p "$1/own"
-  SOURCE_DATE_EPOCH=315532800 python3 -m pip wheel -q --no-deps -w "$1/own" "$root" >/dev/null
+  SOURCE_DATE_EPOCH=315532800 quietly python3 -m pip wheel -q --no-deps -w "$1/own" "$root"
 }
 
 # What a wheelhouse was resolved from: the dependency ranges (pyproject.toml) and this script
@@ -104,7 +113,7 @@ runner_wheels() {  # torch and the runner side of ci-relay (its own wheel withou
   own_wheel "$work/runner"
   if ! wheels_current "$wheels"; then
     rm -f "$wheels.resolved"
-    python3 -m pip download -q -d "$wheels" torch==2.13.0 expecttest numpy "scipy>=1.11,<2" \
+    quietly python3 -m pip download -q -d "$wheels" torch==2.13.0 expecttest numpy "scipy>=1.11,<2" \
       "pytest>=8,<10" "pydantic>=2.7,<3" "pydantic-settings>=2.4,<3" "PyYAML>=6,<7" \
       "typer>=0.12,<1" "rich>=13.7,<16" "filelock>=4.3.1,<5"
     wheels_key >"$wheels.resolved"
@@ -118,9 +127,8 @@ relay_wheels() {  # the whole service with its selection agent; torch pinned to 
   if ! wheels_current "$wheels"; then
     rm -rf "$wheels" "$wheels.resolved" && mkdir -p "$wheels"  # exactly the deps: all installed
     # async-timeout: redis wants it below Python 3.11.3 (Debian's 3.11.2), not on the host's.
-    SOURCE_DATE_EPOCH=315532800 python3 -m pip wheel -q -w "$wheels" \
-      "torch==2.13.0" "$root[agent]" "async-timeout>=4.0.3" \
-      >/dev/null
+    SOURCE_DATE_EPOCH=315532800 quietly python3 -m pip wheel -q -w "$wheels" \
+      "torch==2.13.0" "$root[agent]" "async-timeout>=4.0.3"
     rm -f "$wheels"/ci_relay-*.whl  # its own layer (own/)
     wheels_key >"$wheels.resolved"
   fi
