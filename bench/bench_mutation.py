@@ -439,12 +439,21 @@ def _run(
             opts.json.write_text(json.dumps({**out, "figures": figures(out)}, indent=1))
         return out
 
+    known = _taken_back(opts, base)
     for number, m in enumerate(mutants, 1):
         if rows:
             record(rows)
         files, only = per_mutant[m.ident]
         row: dict[str, Any] = {**m.to_json(), "files": files, "results": {}}
         row.pop("runtime_source")
+        if m.ident in known:  # its truth was run before: only the selections again
+            row.update({k: v for k, v in known[m.ident].items() if k not in ("results", "head")})
+            log(f"[{number}/{len(mutants)}] {m.ident}: {row['status']} (saved truth)")
+            if row["status"] == "killed":
+                _select_all(opts, repo, base, m, set(row["failing"]), row, index, cache, agent)
+                _combo_all(opts, yardstick, combo_state, m, set(row["failing"]), row)
+            rows.append(row)
+            continue
         if not files:
             row.update(status="untested", failing=[], seconds=0.0)
             rows.append(row)
@@ -494,34 +503,98 @@ def _run(
         if row["status"] != "killed":
             rows.append(row)
             continue
-        head = ml.commit_mutant(repo, base, m)
-        row["head"] = head
-        for budget in opts.budgets:
-            for label, idx in (("selector", None), ("selector+map", index)):
-                if label == "selector+map" and idx is None:
-                    continue
-                config = SelectorConfig(
-                    budget=Budget("fraction", budget), cache_dir=cache, agent=agent, coverage=idx
-                )
-                began = time.perf_counter()
-                plan, _change = select(repo, base, head, opts.specs or None, config)
-                seconds = time.perf_counter() - began
-                found, causes, ran, universe_size = score_plan(plan, failing)
-                row["results"][f"{label}@{budget}"] = {
-                    "found": sorted(found),
-                    "misses": causes,
-                    "tests": ran,
-                    "share": ran / universe_size if universe_size else 0.0,
-                    "seconds": round(seconds, 3),
-                    "ranking": plan.ranking.get("chosen", "hand"),
-                    "coverage": plan.coverage.get("used", "") if idx is not None else "",
-                }
-            if yardstick is not None:
-                row["results"][f"combo@{budget}"] = combo(
-                    yardstick, combo_state, m, failing, budget
-                )
+        _select_all(opts, repo, base, m, failing, row, index, cache, agent)
+        _combo_all(opts, yardstick, combo_state, m, failing, row)
         rows.append(row)
     return record(rows)
+
+
+def _taken_back(opts: Options, base: str) -> dict[str, dict[str, Any]]:
+    """The mutants whose truth a run saved in ``--json`` with the same base, seed, count
+    and map (a long run cut short, or the selector changed since): their test runs are not
+    repeated, only the selections (which are cheap, and are what changes)."""
+    if opts.json is None or not opts.json.is_file():
+        return {}
+    try:
+        saved = json.loads(opts.json.read_text())
+    except (OSError, ValueError):
+        return {}
+    same = (saved.get("base"), saved.get("seed"), saved.get("count"), saved.get("coverage")) == (
+        base,
+        opts.seed,
+        opts.count,
+        str(opts.coverage) if opts.coverage else None,
+    )
+    return {r["ident"]: r for r in saved.get("rows", []) if "status" in r} if same else {}
+
+
+def _select_all(
+    opts: Options,
+    repo: Path,
+    base: str,
+    m: ml.Mutant,
+    failing: set[str],
+    row: dict[str, Any],
+    index: CoverageIndex | None,
+    cache: Path,
+    agent: Any,
+) -> None:
+    """The mutation as a commit on the base, and each variant's plan at each budget."""
+    head = ml.commit_mutant(repo, base, m)
+    row["head"] = head
+    safe: dict[str, Any] | None = None
+    for budget in opts.budgets:
+        for label, idx, how in variants(index):
+            if how == "safe" and safe is not None:  # no budget: the same plan at each
+                row["results"][f"{label}@{budget}"] = safe
+                continue
+            config = SelectorConfig(
+                budget=Budget("fraction", budget), cache_dir=cache, agent=agent, coverage=idx,
+                floor=how != "no-floor", mode="safe" if how == "safe" else "ranked",
+            )  # fmt: skip
+            began = time.perf_counter()
+            plan, _change = select(repo, base, head, opts.specs or None, config)
+            seconds = time.perf_counter() - began
+            found, causes, ran, universe_size = score_plan(plan, failing)
+            row["results"][f"{label}@{budget}"] = {
+                "found": sorted(found),
+                "misses": causes,
+                "tests": ran,
+                "share": ran / universe_size if universe_size else 0.0,
+                "seconds": round(seconds, 3),
+                "ranking": plan.ranking.get("chosen", "hand"),
+                "coverage": plan.coverage.get("used", "") if idx is not None else "",
+            }
+            if how == "safe":
+                safe = row["results"][f"{label}@{budget}"]
+
+
+def _combo_all(
+    opts: Options,
+    yardstick: ModuleType | None,
+    combo_state: dict[str, Any],
+    m: ml.Mutant,
+    failing: set[str],
+    row: dict[str, Any],
+) -> None:
+    """The yardstick's combo at each budget."""
+    for budget in opts.budgets:
+        if yardstick is not None:
+            row["results"][f"combo@{budget}"] = combo(yardstick, combo_state, m, failing, budget)
+
+
+def variants(index: Any) -> list[tuple[str, Any, str]]:
+    """The selections each mutant is judged under: without the map; with it (the coverage
+    floor first, as the relay selects); with it but no floor (what the floor adds); and safe
+    mode with it (no budget)."""
+    if index is None:
+        return [("selector", None, "")]
+    return [
+        ("selector", None, ""),
+        ("selector+map", index, ""),
+        ("map-no-floor", index, "no-floor"),
+        ("safe+map", index, "safe"),
+    ]
 
 
 def combo(

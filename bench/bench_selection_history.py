@@ -60,6 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from rolling_maps import NIGHTLY, assign, record_series, run_record, schedule  # noqa: E402
 from rolling_maps import git as rolling_git  # noqa: E402
+from saved_runs import DROP, Progress, compare, figures, revision  # noqa: E402
 
 from test_selection.coverage.map import CoverageMap, CoverageMapError  # noqa: E402
 from test_selection.selector import SelectorConfig, select  # noqa: E402
@@ -192,10 +193,13 @@ def replay(
     agent_name: str,
     map_path: str | None = None,
     rolling: dict[str, str] | None = None,
+    progress: str | None = None,
+    sweeps: bool = False,
 ) -> dict[str, Any]:
     """Every commit of one history under combo and each setting, at every budget (with
     ``map_path``: each setting again with that coverage map; with ``rolling`` (commit -> map
-    file), again with each commit's own map)."""
+    file), again with each commit's own map). ``progress``: a file each commit's row is
+    appended to as it comes, and taken back from on a rerun with the same settings and code."""
     from test_selection.agents import agent_by_name
 
     ys = load_yardstick(Path(yardstick))
@@ -218,7 +222,16 @@ def replay(
     rows: list[dict[str, Any]] = []
     cache = Path(tempfile.mkdtemp(prefix="bench-selection-"))
     agent = agent_by_name(agent_name, cache)
+    settings = {
+        "commits": commits, "weights": list(weights), "agent": agent_name, "map": map_path,
+        "rolling": rolling, "code": revision(ROOT), "sweeps": sweeps,
+    }  # fmt: skip
+    saved = Progress(Path(progress), settings) if progress else None
     for number, (c, p, diff_rows, tests, srcs) in enumerate(eligible):
+        kept = saved.get(c) if saved is not None else None
+        if kept is not None:
+            rows.append(kept)
+            continue
         universe = ys.test_universe(repo, p, universe_cache)
         truth = {t for t in tests if t in set(universe)}
         if not truth:
@@ -271,6 +284,7 @@ def replay(
                         file_weight=weight,
                         agent=agent,
                         coverage=cov,
+                        sweeps=sweeps,
                     )
                     began = time.perf_counter()
                     plan, _change = select(Path(repo), p, head, None, config)
@@ -291,6 +305,8 @@ def replay(
                         "rank_of_truth": _ranks(plan, truth),
                     }
         rows.append(row)
+        if saved is not None:
+            saved.add(row)
         print(f"  {Path(repo).name}: {number + 1}/{len(eligible)}", file=sys.stderr, flush=True)
     return {
         "repo": repo,
@@ -307,21 +323,6 @@ def _ranks(plan: Any, truth: set[str]) -> dict[str, int]:
         best[item.test.file] = max(best[item.test.file], item.score)
     order = sorted(best, key=lambda f: (-best[f], f))
     return {f: order.index(f) + 1 for f in truth if f in best}
-
-
-def figures(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
-    files = sum(len(r["results"][key]["files"]) for r in rows)
-    truth = sum(len(r["truth"]) for r in rows)
-    tests = sum(len(r["results"][key]["tests"]) for r in rows)
-    truth_tests = sum(len(r["truth_tests"]) for r in rows)
-    seconds = [r["results"][key]["seconds"] for r in rows]
-    return {
-        "file": files / truth if truth else 0.0,
-        "test": tests / truth_tests if truth_tests else 0.0,
-        "share": statistics.mean(r["results"][key]["share"] for r in rows) if rows else 0.0,
-        "cold": seconds[0] if seconds else 0.0,  # the first change replayed: nothing cached
-        "warm": statistics.median(seconds[1:]) if len(seconds) > 1 else 0.0,
-    }
 
 
 def ceiling(rows: list[dict[str, Any]], budget: float) -> float:
@@ -538,6 +539,26 @@ def main() -> int:
     )
     ap.add_argument("--save", help="write every per-commit result as JSON here")
     ap.add_argument(
+        "--progress",
+        default=str(Path.home() / ".cache" / "ci-relay" / "bench-progress"),
+        help="each history's rows are appended to NAME.jsonl here as they come; a rerun "
+        "with the same settings and code takes them back instead of replaying ('': off)",
+    )
+    ap.add_argument(
+        "--sweeps",
+        action="store_true",
+        help="select with sweeps run whole (SelectorConfig.sweeps, off by default)",
+    )
+    ap.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="SAVED",
+        help="a run saved with --save (bench/results/NAME.json): print each figure against "
+        "it over the commits both replayed, and exit 1 when one fell by more than "
+        f"{DROP} (repeatable)",
+    )
+    ap.add_argument(
         "--load",
         action="append",
         help="read results saved by --save instead of replaying (repeatable: one run per "
@@ -605,10 +626,16 @@ def main() -> int:
                     if "error" in maps.get(str(Path(r).resolve()), {"error": ""})
                     else maps[str(Path(r).resolve())]["path"],
                     series.get(str(Path(r).resolve()), ({}, {}))[0] or None,
+                    str(Path(args.progress) / f"{Path(r).resolve().name}.jsonl")
+                    if args.progress
+                    else None,
+                    args.sweeps,
                 )
                 for r in args.repos
             ]
             results = [f.result() for f in futures]
+        for result in results:
+            result["made_by"] = {"code": revision(ROOT), "command": shlex.join(sys.argv)}
         for result in results:
             if result["repo"] in maps:
                 result["map"] = maps[result["repo"]]
@@ -624,7 +651,10 @@ def main() -> int:
         k.endswith(f"{ROLL}@0.15") for r in results if r["rows"] for k in r["rows"][0]["results"]
     )
     families = ["", *([MAP] if mapped else []), *([ROLL] if rolled else [])]
-    print("\nPer history and setting (file recall / edited-test recall at 15 % and 5 %):")
+    print(
+        "\nPer history and setting (file recall / edited-test recall [changes with an edited "
+        "test in the plan, per-change mean of edited-test recall] at 15 % and 5 %):"
+    )
     for name, result in zip(names, results, strict=True):
         rows = result["rows"]
         line = [f"{name} ({len(rows)} changes)"]
@@ -634,7 +664,10 @@ def main() -> int:
             parts = []
             for budget in BUDGETS:
                 fig = figures(rows, f"{setting}@{budget}")
-                parts.append(f"{fig['file']:.3f}/{fig['test']:.3f}")
+                parts.append(
+                    f"{fig['file']:.3f}/{fig['test']:.3f} "
+                    f"[{fig['caught']:.3f}, {fig['per_change']:.3f}]"
+                )
             line.append(f"{setting} {' '.join(parts)}")
         print("  " + " | ".join(line))
 
@@ -755,7 +788,22 @@ def main() -> int:
             file=sys.stderr,
         )
         return 1
-    return 0
+    return 1 if args.compare and _compared(args.compare, results) else 0
+
+
+def _compared(paths: list[str], results: list[dict[str, Any]]) -> bool:
+    """Print the figures against the saved runs; whether any fell by more than DROP."""
+    saved = [r for path in paths for r in json.loads(Path(path).read_text())]
+    lines, failed = compare(saved, results)
+    print(f"\nAgainst the saved runs ({', '.join(paths)}), over the commits both replayed:")
+    for line in lines:
+        print(line)
+    made = {r.get("made_by", {}).get("code", "?") for r in saved}
+    print(
+        f"saved by {', '.join(sorted(made))}; "
+        + (f"a figure fell by more than {DROP}: see DROP above" if failed else "no figure fell")
+    )
+    return failed
 
 
 if __name__ == "__main__":

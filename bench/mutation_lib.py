@@ -26,6 +26,7 @@ import json
 import os
 import random
 import select
+import shlex
 import signal
 import subprocess
 import tempfile
@@ -506,6 +507,7 @@ class Runner:
             raise ValueError("timeout must be positive")
         result = RunResult()
         began = time.monotonic()
+        own = own_deselection(root)
         with tempfile.TemporaryDirectory(prefix="mutation-run-") as scratch:
             spec_path = Path(scratch) / "spec.json"
             log = Path(scratch) / "outcomes.jsonl"
@@ -527,7 +529,7 @@ class Runner:
                 log.unlink(missing_ok=True)
                 args = [
                     "-q", "-p", "no:cacheprovider", "-p", "mutation_plugin", "--no-header",
-                    "-o", "addopts=", "--continue-on-collection-errors", *pytest_args,
+                    "-o", f"addopts={own}", "--continue-on-collection-errors", *pytest_args,
                 ]  # fmt: skip
                 code, stopped = self.once(args, cwd, spec_path, log, output, (left, test_timeout))
                 current: str | None = None
@@ -620,3 +622,22 @@ def commit_mutant(repo: Path, base: str, mutant: Mutant) -> str:
     name = "".join(c if c.isalnum() else "-" for c in mutant.ident)[:180]
     _git(repo, "update-ref", f"refs/mutation/{name}", head)
     return head
+
+
+def own_deselection(folder: Path) -> str:
+    """The repository's own choice of tests from its ``addopts`` (``-m "not stress"``,
+    ``--ignore``, ``--deselect``, ``-k``), kept where the rest of its addopts (coverage,
+    xdist, output) is dropped: without it a repository that deselects its stress tests
+    there runs them all."""
+    from test_selection.layout import pytest_options, selecting_addopts
+
+    def read(name: str) -> str | None:
+        path = folder / name
+        return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
+
+    kept = []
+    for word in selecting_addopts(pytest_options(read)):
+        name, eq, value = word.partition("=")
+        # pytest reads these paths from where it is started (a scratch folder here)
+        kept.append(f"{name}={folder / value}" if eq and name.startswith("--") else word)
+    return shlex.join(kept)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -38,6 +39,11 @@ class BackendPolicy(BaseModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
         description="run only spec entries with this label on this backend (torch-spyre's "
         "TORCH_SPYRE_TEST_TYPE); default: every entry",
+    )
+    selection: Literal["ranked", "safe"] = Field(
+        default="ranked",
+        description="ranked: the selection budget spent by rank, the coverage floor first; "
+        "safe: no budget, every test the change reaches (by the coverage map, import or name)",
     )
 
 
@@ -74,6 +80,12 @@ class Policy(BaseModel):
 
     def for_repository(self, name: str | None) -> RepositoryPolicy | None:
         return self.repositories.get(name) if name else None
+
+    def selection_for(self, repository: str | None, backend: str) -> str:
+        """How this backend's runs select for this repository (``ranked`` or ``safe``)."""
+        repo = self.for_repository(repository)
+        backend_policy = repo.backends.get(backend) if repo else None
+        return backend_policy.selection if backend_policy else "ranked"
 
     def label_for(self, repository: str | None, backend: str) -> str | None:
         """The spec label this backend runs for this repository (None: every entry)."""

@@ -14,6 +14,7 @@ import configparser
 import fnmatch
 import shlex
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from test_selection.git import GitError, Repo
@@ -136,6 +137,61 @@ def pytest_settings(repo: Repo, rev: str) -> list[tuple[str, dict[str, object] |
         text = data.decode("utf-8", errors="replace") if data is not None else None
         out.append((name, _pytest_section(name, text) if text is not None else None))
     return out
+
+
+def pytest_options(read: Callable[[str], str | None]) -> dict[str, object]:
+    """The pytest options of the first configuration file that configures pytest, as pytest
+    picks it (``read``: a file's text by name, None when absent); none: ``{}``."""
+    for name in _CONFIG_FILES:
+        text = read(name)
+        options = _pytest_section(name, text) if text is not None else None
+        if options is not None:
+            return options
+    return {}
+
+
+def not_recursed(options: dict[str, object]) -> tuple[str, ...]:
+    """The folders pytest never enters on its own: ``norecursedirs``, else its default."""
+    return tuple(_words(options.get("norecursedirs"))) or NO_RECURSE
+
+
+def recursed(path: str, skipped: tuple[str, ...]) -> bool:
+    """Whether pytest, walking the tree, reaches ``path`` (no folder on the way matches
+    ``skipped``). Naming a file on the command line bypasses ``norecursedirs``: a caller that
+    names files filters them with this first."""
+    folders = path.split("/")[:-1]
+    return not any(
+        fnmatch.fnmatchcase("/".join(folders[: k + 1]) if "/" in pattern else folder, pattern)
+        for k, folder in enumerate(folders)
+        for pattern in skipped
+    )
+
+
+# options of ``addopts`` that choose which tests run (kept where addopts is otherwise dropped)
+_SELECTING = ("-m", "-k", "--ignore", "--ignore-glob", "--deselect")
+
+
+def selecting_addopts(options: dict[str, object]) -> list[str]:
+    """From ``addopts``, the options that choose which tests run, each with its value:
+    ``-m EXPR`` and ``-k EXPR`` as two words, ``--ignore``, ``--ignore-glob`` and
+    ``--deselect`` as ``--name=value`` (a caller running elsewhere rebases the value).
+    The rest (output, plugins, parallelism) is left to the caller."""
+    words = _words(options.get("addopts"))
+    kept: list[str] = []
+    i = 0
+    while i < len(words):
+        word, value = words[i], words[i + 1] if i + 1 < len(words) else None
+        name, eq, inline = word.partition("=")
+        if name in _SELECTING and name.startswith("--") and (eq or value is not None):
+            kept.append(f"{name}={inline if eq else value}")
+            i += 0 if eq else 1
+        elif word in ("-m", "-k") and value is not None:
+            kept += [word, value]
+            i += 1
+        elif word[:2] in ("-m", "-k") and len(word) > 2:
+            kept += [word[:2], word[2:]]
+        i += 1
+    return kept
 
 
 def detect_layout(repo: Repo, rev: str) -> Layout:

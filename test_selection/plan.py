@@ -5,11 +5,12 @@ from __future__ import annotations
 import heapq
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from test_selection.types import Budget, PlannedTest, Scored, TestId
+from test_selection.types import PLACE_SOURCES, Budget, PlannedTest, Scored, TestId
 
 DEFAULT_TEST_SECONDS = 1.0
 
@@ -58,9 +59,64 @@ def _always(item: Scored) -> bool:
 
 
 def _reasons(item: Scored) -> list[str]:
+    """The strongest reasons first; the coverage floor's or safe mode's (worth no score:
+    they give a place in the plan, not a rank) lead when they are there."""
     if not item.evidence:
         return []
-    return [e.reason for e in sorted(item.evidence, key=lambda e: -e.score) if e.score > 0][:5]
+    floor = [e.reason for e in item.evidence if e.source in PLACE_SOURCES]
+    ranked = [e.reason for e in sorted(item.evidence, key=lambda e: -e.score) if e.score > 0]
+    return (floor + ranked)[:5]
+
+
+@dataclass
+class _Left:
+    """What the budget holds: a count, seconds, and the seconds spent so far."""
+
+    count: int
+    seconds: float
+    spent: float
+
+    def fits(self, chosen: int, tests: int, cost: float) -> bool:
+        return chosen + tests <= self.count and self.spent + cost <= self.seconds
+
+
+def _place(
+    scored: Mapping[TestId, Scored],
+    durations: Mapping[TestId, float],
+    chosen: list[Scored],
+    taken: set[TestId],
+    left: _Left,
+    floor: Sequence[TestId],
+    wholes: Sequence[Sequence[TestId]],
+    budget: Budget,
+) -> list[str]:
+    """The coverage floor test by test, most specific first, then each whole group that
+    still fits in full; appended to ``chosen``. Returns what to say of the floor's part
+    that did not fit."""
+    floor_out = 0
+    for test in floor:
+        if test in taken or test not in scored:
+            continue
+        if not left.fits(len(chosen), 1, durations[test]):
+            floor_out += 1
+            continue
+        chosen.append(scored[test])
+        taken.add(test)
+        left.spent += durations[test]
+    for group in wholes:
+        missing = [test for test in group if test not in taken and test in scored]
+        cost = sum(durations[test] for test in missing)
+        if not left.fits(len(chosen), len(missing), cost):
+            continue
+        chosen += [scored[test] for test in missing]
+        taken.update(missing)
+        left.spent += cost
+    if not floor_out:
+        return []
+    return [
+        f"the coverage floor goes beyond the {budget} budget: its {floor_out} least "
+        "specific test(s) did not fit (the most specific did); a larger budget runs them"
+    ]
 
 
 def make_plan(
@@ -69,8 +125,14 @@ def make_plan(
     durations: Mapping[TestId, float],
     shards: int,
     modes: Mapping[TestId, str] | None = None,
+    floor: Sequence[TestId] = (),
+    fill: bool = True,
+    wholes: Sequence[Sequence[TestId]] = (),
 ) -> tuple[list[PlannedTest], list[PlannedTest], list[list[str]], list[str]]:
-    """Choose within the budget; mandatory tests always run; LPT sharding of the chosen."""
+    """Choose within the budget: always-run tests, then the tests the change edits or
+    references, then the coverage floor (``floor``, most specific first), then each group
+    of ``wholes`` that still fits in full (a sweep's file), then by score (``fill``; without
+    it the plan is those alone, as safe mode's is); LPT sharding of the chosen."""
     modes = modes or {}
     notes: list[str] = []
     score = {test: item.score for test, item in scored.items()}
@@ -108,8 +170,12 @@ def make_plan(
             f"{left_out} test(s) the change edits or references did not fit the {budget} "
             "budget (the highest-scored did); a larger budget runs them"
         )
-    for item in order:
-        if item.test in must:
+    taken = {s.test for s in chosen}
+    budget_left = _Left(limit_count, limit_seconds, spent)
+    notes += _place(scored, durations, chosen, taken, budget_left, floor, wholes, budget)
+    spent = budget_left.spent
+    for item in order if fill else ():
+        if item.test in must or item.test in taken:
             continue
         if len(chosen) >= limit_count:
             break
@@ -121,11 +187,14 @@ def make_plan(
             break
         chosen.append(item)
         spent += cost
-    if not chosen and order:  # never an empty plan; within the budget's count when it has one
+    if (
+        not chosen and order and fill
+    ):  # never an empty plan; within the budget's count when it has one
         chosen = order[: 1 if budget.kind == "seconds" else max(1, min(limit_count, universe))]
         if budget.kind == "seconds":
             notes.append(f"no test fits the {budget} budget: the top-ranked one runs alone")
-    if chosen and all(score[s.test] <= 0 for s in chosen):
+    floor_ids = set(floor)
+    if chosen and all(score[s.test] <= 0 and s.test not in floor_ids for s in chosen):
         notes.append(
             f"no test had evidence; {len(chosen)} test(s) run as a safety net within the budget"
         )

@@ -28,7 +28,8 @@ from test_selection.inventory import (
 )
 from test_selection.layout import EmptyUniverse, Layout, detect_layout
 from test_selection.observations import Learned, Observation, learn
-from test_selection.plan import durations_for, make_plan
+from test_selection.placing import PlanInputs, ranked_plan, safe_plan
+from test_selection.plan import durations_for
 from test_selection.ranking.agent_check import (
     AGENT_REMEASURE,
     AgentVerdict,
@@ -42,6 +43,7 @@ from test_selection.ranking.choice import CANDIDATES, MIN_CASES, RankingChoice, 
 from test_selection.ranking.history import HISTORY_COMMITS, History
 from test_selection.ranking.inputs import RankingInputs
 from test_selection.ranking.live import ranked_evidence, test_texts
+from test_selection.safe import MODES
 from test_selection.types import Budget, Evidence, Scored, TestId, TestPlan
 
 
@@ -69,6 +71,14 @@ class SelectorConfig:
     # a per-test coverage map (coverage_map.py): tests that executed a changed function rank
     # first inside their file and gain evidence; None ranks as before
     coverage: CoverageIndex | None = None
+    # "ranked": the budget spent by the ranking, the coverage floor first; "safe": no budget,
+    # every test the change can be shown to reach (safe.py)
+    mode: str = "ranked"
+    floor: bool = True  # False: no coverage floor (the bench measures what it adds)
+    # True: a file most of whose tests reach the change runs whole (sweeps.py); off until the
+    # backtest sets its threshold: by changed names alone it cost attrs 0.043 of edited-test
+    # recall at 15 % (bench/README.md)
+    sweeps: bool = False
 
 
 def spec_universe(
@@ -267,8 +277,25 @@ def select(
         {**config.learned_seconds, **ctx.learned_seconds},
     )
     fraction = _fraction(config.budget, len(universe), durations)
-    ranking = _rank(
-        repo, change, inventory, universe, layout, config, specs, fraction, coverage, clock, notes
+    if config.mode not in MODES:
+        raise ValueError(f"unknown mode {config.mode!r} ({', '.join(MODES)})")
+    safe = config.mode == "safe"
+    ranking = (
+        _Ranking(heuristics=config.heuristics)  # safe mode orders nothing by rank
+        if safe
+        else _rank(
+            repo,
+            change,
+            inventory,
+            universe,
+            layout,
+            config,
+            specs,
+            fraction,
+            coverage,
+            clock,
+            notes,
+        )
     )
     for stage in ("history", "backtest"):
         clock.timings.setdefault(stage, 0.0)
@@ -277,28 +304,37 @@ def select(
     clock.lap("candidates")
     review = _agent_review(config, ranking, change, scored, inventory)
     clock.lap("agent")
-    selected, excluded, shards, plan_notes = make_plan(
-        scored, config.budget, durations, config.shards, modes
+    inputs = PlanInputs(
+        scored, durations, modes, config.shards, change, inventory, universe, coverage
     )
-    for item in selected:
-        item.evidence.append(Evidence("plan", "budget", 0.0, f"within the {config.budget} budget"))
+    placed = (
+        safe_plan(repo, inputs)
+        if safe
+        else ranked_plan(inputs, config.budget, config.floor, config.sweeps)
+    )
     clock.lap("plan")
     plan = TestPlan(
         base=change.base,
         head=change.head,
-        budget=str(config.budget),
+        budget="none (safe mode)" if safe else str(config.budget),
         agent=review.agent,
         universe_size=len(universe),
-        selected=selected,
-        excluded=excluded,
-        shards=shards,
+        selected=placed.selected,
+        excluded=placed.excluded,
+        shards=placed.shards,
         change=change.summary(),
-        notes=[*notes, *review.notes, *plan_notes, *change.parse_errors],
+        notes=[*notes, *review.notes, *placed.notes, *change.parse_errors],
         timings=clock.timings,
         patterns=list(layout.patterns),
         spec_drift=[d.to_json() for d in drift],
         ranking=ranking.choice.to_json() if ranking.choice is not None else {},
-        coverage=coverage.to_json() if coverage is not None else {},
+        coverage={
+            **coverage.to_json(),
+            **({"floor": placed.floor.to_json()} if placed.floor else {}),
+        }
+        if coverage is not None
+        else {},
+        mode=config.mode,
     )
     return plan, change
 

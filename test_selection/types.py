@@ -75,6 +75,12 @@ class Scored:
 
 
 MANDATORY_SOURCES = frozenset({"edited-by-change", "references-change", "always-run"})
+# evidence that gives a test its place in the plan rather than a score: the coverage floor
+# (coverage/floor.py) and safe mode (safe.py); the plan shows their reason first
+FLOOR_SOURCE = "coverage-floor"
+SAFE_SOURCE = "safe-mode"
+SWEEP_SOURCE = "sweep"  # a file most of whose tests reach the change, run whole (sweeps.py)
+PLACE_SOURCES = frozenset({FLOOR_SOURCE, SAFE_SOURCE, SWEEP_SOURCE})
 
 
 _BUDGET = re.compile(r"^\s*(?:(all)|(\d+(?:\.\d+)?)\s*(%|s)?)\s*$")
@@ -162,6 +168,7 @@ class TestPlan:
     ranking: dict[str, Any] = field(default_factory=dict)
     # the coverage map used (coverage_select.CoverageUse.to_json; empty: none)
     coverage: dict[str, Any] = field(default_factory=dict)
+    mode: str = "ranked"  # or "safe": no budget, every test the change reaches (safe.py)
 
     def shares(self) -> dict[str, float]:
         """What part of the universe the plan takes: tests, test files, estimated seconds."""
@@ -196,4 +203,5 @@ class TestPlan:
             "spec_drift": self.spec_drift,
             "ranking": self.ranking,
             "coverage": self.coverage,
+            "mode": self.mode,
         }

@@ -122,18 +122,21 @@ def upstream_context(
     spec: str,
     backends: tuple[str, ...] = ("cpu",),
     labels: dict[str, str] | None = None,
+    modes: dict[str, str] | None = None,
     **extra: object,
 ) -> RelayContext:
     """A relay on SQLite that tests ``upstream`` (L2 ``backends``, cpu by default, for
-    sample/pytorch; ``labels``: the spec label the policy gives a backend) under ``spec``,
-    every test the spec allows, no agent; its database is migrated."""
+    sample/pytorch; ``labels``: the spec label the policy gives a backend, ``modes`` its
+    selection mode) under ``spec``, every test the spec allows, no agent; its database is
+    migrated."""
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(spec)
     policy = tmp_path / "policy.yaml"
     policy.write_text(
         "repositories:\n  sample/pytorch:\n    backends:\n"
         + "".join(
-            f"      {b}: {{level: L2{f', label: {labels[b]}' if b in (labels or {}) else ''}}}\n"
+            f"      {b}: {{level: L2{f', label: {labels[b]}' if b in (labels or {}) else ''}"
+            f"{f', selection: {modes[b]}' if b in (modes or {}) else ''}}}\n"
             for b in backends
         )
     )

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -98,9 +99,28 @@ def test_a_caught_and_an_equivalent_mutant_on_the_sample_upstream(
         ]
     )  # fmt: skip
     opts.cache_dir = tmp_path / "cache"
+    opts.json = tmp_path / "record.json"
     record = bench.run(opts, log=lambda line: None)
     rows = {r["target"]["file"] + "::" + r["target"]["qualname"]: r for r in record["rows"]}
     assert record["baseline"] == {"tests": 5, "passed": 5}
+    # run again on the saved record: each mutant's truth is taken back, not run again, and
+    # the selections are made anew (the same here)
+    said: list[str] = []
+    again = bench.run(opts, log=said.append)
+    assert sum("(saved truth)" in line for line in said) == 2, said
+
+    def kept(rows: list[dict[str, Any]]) -> list[Any]:
+        return [
+            (
+                r["ident"],
+                r["status"],
+                r["failing"],
+                {k: v["found"] for k, v in r["results"].items()},
+            )
+            for r in rows
+        ]
+
+    assert kept(again["rows"]) == kept(record["rows"])
 
     # the truth: raising in relu fails the one test that calls F.relu; unsqueeze of _refs
     # is never called by these tests (torch.unsqueeze is not the Python reference)
@@ -272,3 +292,36 @@ def test_the_whole_file_spec_and_a_mutants_share_of_the_baseline(
     assert len(bench.within(baseline, ["."], None).outcomes) == 3
     nested = ml.RunResult(outcomes={"tests/a.py::t": "passed", "other/b.py::u": "passed"})
     assert set(bench.within(nested, ["tests"], None).outcomes) == {"tests/a.py::t"}
+
+
+def test_the_runner_keeps_the_repositorys_own_deselection_and_drops_the_rest(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    """A repository that deselects its stress tests in addopts (and ignores a folder) gets
+    the same choice under the bench; its other addopts (here one that would stop the run at
+    the first failure) are dropped."""
+    ml = sys.modules["mutation_lib"]
+    repo = _package(tmp_path, "def step(x):\n    return x + 1\n")
+    (repo / "pyproject.toml").write_text(
+        "[tool.pytest.ini_options]\n"
+        "markers = ['stress']\n"
+        "addopts = \"-x -m 'not stress' --ignore=slow\"\n"
+    )
+    (repo / "slow").mkdir()
+    (repo / "slow" / "test_slow.py").write_text("def test_slow():\n    assert False\n")
+    (repo / "test_core.py").write_text(
+        "import pytest\nfrom pkg.core import step\n\n"
+        "def test_fails():\n    assert step(1) == 3\n\n"
+        "@pytest.mark.stress\ndef test_stress():\n    assert step(2) == 3\n\n"
+        "def test_after():\n    assert step(0) == 1\n"
+    )
+    assert ml.own_deselection(repo) == f"-m 'not stress' --ignore={repo / 'slow'}"
+    runner = ml.Runner(sys.executable, [str(repo)])
+    try:
+        result = runner.run(tmp_path, repo, [str(repo), f"--rootdir={repo}"], timeout=60)
+    finally:
+        runner.close()
+    assert result.outcomes == {
+        "test_core.py::test_fails": "failed",
+        "test_core.py::test_after": "passed",  # -x dropped: the run went on
+    }, result.outcomes

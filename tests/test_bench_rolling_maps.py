@@ -17,11 +17,12 @@ from tests.gitrepo import GitRepo
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rolling_maps", BENCH / "rolling_maps.py")
+def _load(name: str = "rolling_maps") -> ModuleType:
+    """A bench module by its bare name, as the benches import one another."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["rolling_maps"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -84,7 +85,8 @@ def test_a_refused_map_is_kept_with_its_reason_and_said_while_the_run_goes_on(
 
 
 def _load_history_bench() -> ModuleType:
-    _load()  # the history bench imports rolling_maps by its bare name
+    _load()  # the history bench imports rolling_maps and saved_runs by their bare names
+    _load("saved_runs")
     spec = importlib.util.spec_from_file_location(
         "bench_selection_history", BENCH / "bench_selection_history.py"
     )

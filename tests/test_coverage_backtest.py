@@ -122,14 +122,20 @@ def test_the_backtest_uses_a_map_that_finds_the_edited_tests_of_past_commits(
     assert plan.coverage["used"] in (REACHED_FIRST, REACHED_FILES)
 
 
-def test_a_map_that_points_at_the_wrong_tests_is_not_used(tmp_path: Path) -> None:
+def test_a_map_that_points_at_the_wrong_tests_is_not_used_to_rank(tmp_path: Path) -> None:
     repo, base = _history(tmp_path)
     # each implementation "reached" by its neighbour's test: wrong on every past commit
     wrong = _dispatch_map(base, shift=1)
     plain = _plan(repo, tmp_path / "plain", None)
     plan = _plan(repo, tmp_path / "wrong", wrong)
     assert plan.ranking["coverage"] == "", plan.ranking
-    assert [i.test for i in plan.selected] == [i.test for i in plain.selected]
+    # the ranking is the plain one; the coverage floor still takes the test the map says
+    # executed the changed function (issue 55: the map is never left unused), ahead of it
+    floor = plan.coverage["floor"]["tests"]
+    assert floor == ["tests/test_core.py::test_case_24"], floor
+    assert [i.test.nodeid for i in plan.selected] == floor + [
+        i.test.nodeid for i in plain.selected if i.test.nodeid not in floor
+    ][: len(plain.selected) - 1]
     assert plan.coverage["used"] == "unused"
     assert any(n.startswith("coverage map not used to rank") for n in plan.notes), plan.notes
     # the map's reach is still reported, but it moved nothing

@@ -403,3 +403,35 @@ def test_record_with_installed_keeps_the_installed_package_and_the_checkouts_nam
     }
     bad = cli("coverage", "record", "--upstream", repo.path, "-o", out, "--installed", "x/y")
     assert bad.code == 2 and "not a package name" in bad.output
+
+
+def test_record_since_leaves_out_what_norecursedirs_keeps_pytest_from(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """A folder of type-checker cases that raise on import, kept from pytest by
+    norecursedirs: --since names the files to run again, and named files bypass
+    norecursedirs, so it leaves them out itself (before, its map was refused)."""
+    repo, _base = _upstream(tmp_path)
+    cases = "from pkg.util import double\n\nraise RuntimeError('a type-checker case')\n"
+    base = repo.commit(
+        "typing cases",
+        {
+            "pyproject.toml": "[tool.pytest.ini_options]\nnorecursedirs = ['typing']\n",
+            "tests/typing/test_cases.py": cases,
+        },
+    )
+    old = tmp_path / "old.json.gz"
+    assert _record(cli, repo, base, old).code == 0
+    util = repo.commit(
+        "util",
+        {
+            "pkg/util.py": "def double(x):\n    return x + x\n",
+            "tests/typing/test_cases.py": cases + "# more\n",
+        },
+    )
+    since = tmp_path / "since.json.gz"
+    done = cli("coverage", "record", "--upstream", repo.path, "--rev", util, "-o", since,
+               "--since", old)  # fmt: skip
+    assert done.code == 0, done.output
+    assert "1 test file(s) run again" in " ".join(done.output.split()), done.output
+    assert not any("typing" in t for t in CoverageMap.load(since).tests)

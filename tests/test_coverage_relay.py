@@ -17,6 +17,7 @@ from sqlalchemy import select
 from ci_relay.context import RelayContext
 from ci_relay.coverage_maps import forget_cached_maps, newest_map
 from ci_relay.nightly import nightly_steps
+from ci_relay.policy import PolicyError, load_policy
 from ci_relay.store.models import Change, CoverageRecord, Selection
 from test_selection.coverage.map import read_streams
 from tests.gitrepo import GitRepo
@@ -228,3 +229,38 @@ def test_a_stream_a_test_process_damaged_loses_only_its_bad_lines(tmp_path: Path
         "t.py::test_c": {("pkg/a.py", "f"): 2},
     }
     assert cmap.flags == {"t.py::test_c": {"threads"}}
+
+
+def test_a_backend_the_policy_sets_to_safe_mode_runs_every_test_the_map_says_was_reached(
+    tmp_path: Path,
+) -> None:
+    repo, rt = _relay(tmp_path, modes={"cpu": "safe"})
+    drain(rt, nightly_steps(rt, DAY.replace(hour=4)))  # records the map (everything runs)
+    fix = repo.commit("fix 17", {"pkg/core.py": CORE.replace("n * 19\n", "n * 19 + 0\n")})
+    drain(rt, nightly_steps(rt, DAY.replace(hour=4) + timedelta(days=1)))
+    plan = _newest_plan(rt)
+    # no budget (the relay's is 2 tests): the one test that executed the changed function
+    assert plan["head"] == fix and plan["mode"] == "safe"
+    assert _chosen(plan) == [FIXED] and plan["budget"] == "none (safe mode)"
+    notes = plan["notes"]
+    assert isinstance(notes, list)
+    assert any(str(n).startswith(f"safe mode: 1 of {N} test(s) (3.3%)") for n in notes), notes
+    with rt.db.session() as s:
+        run_id = s.scalars(select(Change).where(Change.head_sha == fix)).one().runs[0].id
+    with served_app(rt) as url:
+        page = httpx.get(f"{url}/runs/{run_id}", timeout=30).text
+    assert '<dd class="selection-mode">safe: no budget, every test the change reaches' in page
+    assert "safe mode: executed a changed function in the coverage map" in page
+
+
+def test_the_policy_selection_mode_is_validated(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("repositories:\n  a/b:\n    backends:\n      cpu: {selection: safe}\n")
+    assert load_policy(good).selection_for("a/b", "cpu") == "safe"
+    assert load_policy(good).selection_for("a/b", "spyre-emu") == "ranked"
+    assert load_policy(good).selection_for("c/d", "cpu") == "ranked"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("repositories:\n  a/b:\n    backends:\n      cpu: {selection: fast}\n")
+    with pytest.raises(PolicyError, match="selection") as refused:
+        load_policy(bad)
+    assert "'ranked' or 'safe'" in str(refused.value)

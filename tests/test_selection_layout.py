@@ -139,3 +139,20 @@ def test_tests_outside_testpaths_count_unless_inside_a_package(tmp_path: Path) -
     plan, _ = select(repo.path, "HEAD~1", "HEAD", config=SelectorConfig(budget=Budget("all")))
     files = {p.test.file for p in plan.selected}
     assert files == {"tests/test_ops.py", "benchmarks/test_speed.py"}
+
+
+def test_what_pytest_walks_into_and_what_addopts_deselects() -> None:
+    from test_selection.layout import not_recursed, recursed, selecting_addopts
+
+    assert recursed("tests/test_x.py", not_recursed({}))
+    assert not recursed("build/lib/test_x.py", not_recursed({}))  # pytest's own default
+    assert not recursed(".tox/py/test_x.py", not_recursed({}))
+    own = not_recursed({"norecursedirs": "typecheck tests/data"})
+    assert not recursed("tests/typecheck/test_cases.py", own)
+    assert not recursed("tests/data/test_sample.py", own)
+    assert recursed("other/data/test_sample.py", own) and recursed("build/test_x.py", own)
+    addopts = "-ra -x -m 'not stress' --ignore tests/big --deselect=a.py::t -kquick -n 4"
+    assert selecting_addopts({"addopts": addopts}) == [
+        "-m", "not stress", "--ignore=tests/big", "--deselect=a.py::t", "-k", "quick",
+    ]  # fmt: skip
+    assert selecting_addopts({}) == [] and selecting_addopts({"addopts": "-m"}) == []

@@ -166,13 +166,23 @@ def record(
     )
 
 
+def _text(data: bytes | None) -> str | None:
+    return data.decode("utf-8", errors="replace") if data is not None else None
+
+
 def _update_from(since: Path, upstream: Path, sha: str, repository: str | None) -> tuple[Any, Any]:
     """What ``--since MAP`` runs again and keeps (``coverage_update.plan_update``)."""
     from test_selection.coverage.map import CoverageMap, CoverageMapError
     from test_selection.coverage.update import plan_update
     from test_selection.git import GitError, Repo
     from test_selection.inventory import is_test_path
-    from test_selection.layout import detect_layout, pytest_settings
+    from test_selection.layout import (
+        detect_layout,
+        not_recursed,
+        pytest_options,
+        pytest_settings,
+        recursed,
+    )
 
     repo = Repo(upstream)
     try:
@@ -190,7 +200,12 @@ def _update_from(since: Path, upstream: Path, sha: str, repository: str | None) 
     except GitError as exc:
         raise _fail(f"--since: the map's revision {older.revision[:12]}: {exc}") from None
     patterns = detect_layout(repo, sha).patterns
-    tests = {p for p in files.split("\0") if p and is_test_path(p, patterns)}
+    # the files to run again are named to pytest, which then enters folders it never walks
+    # into (norecursedirs): those are left out as a plain run leaves them
+    skipped = not_recursed(pytest_options(lambda name: _text(repo.show(sha, name))))
+    tests = {
+        p for p in files.split("\0") if p and is_test_path(p, patterns) and recursed(p, skipped)
+    }
     settings = next(
         (
             name

@@ -31,6 +31,12 @@ RANKING_HELP = (
     "own recent commits) | history | learned | blend | hand (the hand weights)."
 )
 
+MODE_HELP = (
+    "ranked: the budget spent by the ranking, each changed function's most specific test "
+    "first (with --coverage) | safe: no budget, every test the change reaches by the coverage "
+    "map, by import or by name, and every test it edits."
+)
+
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
@@ -72,14 +78,20 @@ def _config(
     patterns: list[str] | None = None,
     label: str | None = None,
     ranking: str = "auto",
+    mode: str = "ranked",
 ) -> SelectorConfig:
     from test_selection.plan import load_durations
+    from test_selection.safe import MODES
     from test_selection.selector import RANKINGS, SelectorConfig
     from test_selection.types import Budget
 
     if ranking not in RANKINGS:
         raise typer.BadParameter(
             f"unknown ranking {ranking!r} (one of {', '.join(RANKINGS)})", param_hint="--ranking"
+        )
+    if mode not in MODES:
+        raise typer.BadParameter(
+            f"unknown mode {mode!r} (one of {', '.join(MODES)})", param_hint="--mode"
         )
 
     try:
@@ -96,6 +108,7 @@ def _config(
         cache_dir=cache,
         label=label,
         ranking=ranking,
+        mode=mode,
     )
     if patterns:
         config.patterns = tuple(patterns)
@@ -181,6 +194,7 @@ def select_command(
         Path | None,
         typer.Option(help="A per-test coverage map (ci-relay coverage record)."),
     ] = None,
+    mode: Annotated[str, typer.Option(help=MODE_HELP)] = "ranked",
 ) -> None:
     """Select the upstream tests a change needs (four stages), with reasons."""
     from test_selection.git import GitError
@@ -198,6 +212,7 @@ def select_command(
         pattern,
         label,
         ranking,
+        mode,
     )
     if coverage is not None:
         config.coverage = _coverage_index(coverage, upstream)

@@ -111,6 +111,7 @@ def explain(
         spec_drift=_drift(plan.get("spec_drift")),
         ranking=_ranking(plan.get("ranking")),
         coverage=_coverage(plan.get("coverage")),
+        mode="safe" if plan.get("mode") == "safe" else "ranked",
     )
 
 
@@ -120,6 +121,9 @@ def _coverage(value: Any) -> CoverageView | None:
         return None
     behind = value.get("commits_behind")
     known = value.get("known_functions")
+    found = value.get("floor")
+    floor: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    missed = [*(floor.get("unreached") or []), *(floor.get("unknown") or [])]
     return CoverageView(
         revision=str(value["revision"]),
         recorded_at=str(value.get("recorded_at") or ""),
@@ -128,6 +132,10 @@ def _coverage(value: Any) -> CoverageView | None:
         known=len(known) if isinstance(known, list) else 0,
         tests_reached=int(value.get("tests_reached") or 0),
         used=USES.get(str(value.get("used") or ""), ""),
+        floor_tests=len(floor.get("tests") or []),
+        floor_reached=len(floor.get("reached") or []),
+        floor_missed=[str(m) for m in missed][:20],
+        floor_skipped=str(floor.get("skipped") or ""),
     )
 
 

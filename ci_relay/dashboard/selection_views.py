@@ -69,6 +69,7 @@ class SelectionView:
     spec_drift: list[DriftView] = field(default_factory=list)
     ranking: RankingView | None = None
     coverage: CoverageView | None = None
+    mode: str = "ranked"  # or "safe": no budget, every test the change reaches
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,11 @@ class CoverageView:
     known: int
     tests_reached: int
     used: str = ""  # how the ranking used it
+    # the coverage floor: changed functions reached by their most specific test, and not
+    floor_tests: int = 0
+    floor_reached: int = 0
+    floor_missed: list[str] = field(default_factory=list)
+    floor_skipped: str = ""
 
 
 @dataclass(frozen=True)

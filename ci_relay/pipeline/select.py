@@ -78,7 +78,8 @@ def select_tests(rt: RelayContext, run_id: int, stale_after: timedelta) -> list[
             if rt.settings.coverage_select and not everything
             else MapChoice(None, None, [])
         )
-        plan = _plan(rt, head, base, observations, everything, label, found.map)
+        mode = rt.policy.selection_for(repository, backend)
+        plan = _plan(rt, head, base, observations, everything, label, found.map, mode)
         plan.notes += found.notes
         if plan.coverage and found.run_id is not None:
             plan.coverage["run"] = found.run_id
@@ -177,6 +178,7 @@ def _plan(
     everything: bool = False,
     label: str | None = None,
     coverage: CoverageMap | None = None,
+    mode: str = "ranked",
 ) -> TestPlan:
     """The four-stage selector's plan for head against base (or head's parent); every test
     the specs allow when ``everything``. ``coverage``: the backend's newest map, used when
@@ -204,6 +206,7 @@ def _plan(
         cache_dir=cache,
         observations=observations,
         label=label,
+        mode="ranked" if everything else mode,  # a run of everything needs no tracing
     )
     with mirror.tree(head) as tree:
         if coverage is not None:

@@ -38,6 +38,8 @@ class CoverageUse:
     changed: list[str] = field(default_factory=list)  # changed functions, "file:qualname"
     known: list[str] = field(default_factory=list)  # of those, the ones the map has seen
     reach: dict[TestId, Reach] = field(default_factory=dict)
+    # each known changed function ("file:qualname") -> the map's functions it resolved to
+    targets: dict[str, list[Function]] = field(default_factory=dict, repr=False)
     # how the plan used it: "hand" (evidence beside the hand weights), "unused" (the
     # backtest found no gain), or the backtest's REACHED_FIRST / REACHED_FILES
     used: str = ""
@@ -77,7 +79,8 @@ class CoverageUse:
         if self.used == "unused":
             return (
                 "coverage map not used to rank: replayed on the repository's recent commits, "
-                "it found no more edited tests than the ranking without it"
+                "it found no more edited tests than the ranking without it (the coverage "
+                "floor below still uses it)"
             )
         if self.used == "reached-files":
             return (
@@ -173,6 +176,7 @@ def use_map(
         found = [f for file, name in names for f in index.resolve(file, name)]
         if found:
             use.known.append(symbol)
+            use.targets[symbol] = found
             targets += found
     by_id = {t.nodeid: t for t in universe}
     for test, reach in index.reaches(targets).items():
