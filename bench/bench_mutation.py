@@ -431,6 +431,7 @@ def _run(
             "count": opts.count,
             "installed": opts.installed,
             "coverage": str(opts.coverage) if opts.coverage else None,
+            "scope": opts.scope,
             "baseline": {"tests": len(baseline.outcomes), "passed": len(baseline.passed())},
             "notes": notes,
             "rows": rows,
@@ -510,8 +511,8 @@ def _run(
 
 
 def _taken_back(opts: Options, base: str) -> dict[str, dict[str, Any]]:
-    """The mutants whose truth a run saved in ``--json`` with the same base, seed, count
-    and map (a long run cut short, or the selector changed since): their test runs are not
+    """The mutants whose truth a run saved in ``--json`` with the same base, seed, count,
+    map and scope (a long run cut short, or the selector changed since): their test runs are not
     repeated, only the selections (which are cheap, and are what changes)."""
     if opts.json is None or not opts.json.is_file():
         return {}
@@ -519,12 +520,13 @@ def _taken_back(opts: Options, base: str) -> dict[str, dict[str, Any]]:
         saved = json.loads(opts.json.read_text())
     except (OSError, ValueError):
         return {}
-    same = (saved.get("base"), saved.get("seed"), saved.get("count"), saved.get("coverage")) == (
-        base,
-        opts.seed,
-        opts.count,
-        str(opts.coverage) if opts.coverage else None,
-    )
+    same = (
+        saved.get("base"),
+        saved.get("seed"),
+        saved.get("count"),
+        saved.get("coverage"),
+        saved.get("scope"),
+    ) == (base, opts.seed, opts.count, str(opts.coverage) if opts.coverage else None, opts.scope)
     return {r["ident"]: r for r in saved.get("rows", []) if "status" in r} if same else {}
 
 
@@ -648,6 +650,7 @@ def figures(record: dict[str, Any]) -> dict[str, dict[str, float]]:
                 if key in r["results"]
             ),
             "share": statistics.mean(x["share"] for x in results),
+            "median_share": statistics.median(x["share"] for x in results),
             "tests": statistics.mean(x["tests"] for x in results),
             "seconds": statistics.mean(x["seconds"] for x in results),
         }
@@ -669,7 +672,7 @@ def print_report(record: dict[str, Any], out: Any = print) -> None:
     budgets = sorted({float(k.rsplit("@", 1)[1]) for k in table})
     names = sorted({k.rsplit("@", 1)[0] for k in table}, key=lambda n: (n == "combo", n))
     out(f"\n{'budget':>7} {'selector':<14} {'caught':>8} {'recall':>8} {'per-mut':>8} "
-        f"{'tests':>8} {'share':>7} {'s/sel':>7}")  # fmt: skip
+        f"{'tests':>8} {'share':>7} {'median':>7} {'s/sel':>7}")  # fmt: skip
     for budget in budgets:
         for name in names:
             f = table.get(f"{name}@{budget}")
@@ -678,7 +681,7 @@ def print_report(record: dict[str, Any], out: Any = print) -> None:
             out(
                 f"{budget:>6.0%} {name:<14} {f['caught']:>8.3f} {f['recall']:>8.3f} "
                 f"{f['mean_recall']:>8.3f} {f['tests']:>8.1f} {f['share']:>7.3f} "
-                f"{f['seconds']:>7.2f}"
+                f"{f['median_share']:>7.3f} {f['seconds']:>7.2f}"
             )
         if "combo" in names and "selector" in names:
             s, c = table[f"selector@{budget}"], table[f"combo@{budget}"]
@@ -703,7 +706,8 @@ def print_report(record: dict[str, Any], out: Any = print) -> None:
         out(f"  {key}: {listed}")
     out(
         "recall: failing tests in the plan / failing tests; per-mut: the mean of it per mutant; "
-        "tests: mean tests in the plan; share: of the universe"
+        "tests: mean tests in the plan; share: its mean share of the universe; median: the "
+        "median share"
     )
     used: dict[str, int] = defaultdict(int)
     for r in by_status["killed"]:

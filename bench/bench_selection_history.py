@@ -195,6 +195,7 @@ def replay(
     rolling: dict[str, str] | None = None,
     progress: str | None = None,
     sweeps: bool = False,
+    floor: bool = True,
 ) -> dict[str, Any]:
     """Every commit of one history under combo and each setting, at every budget (with
     ``map_path``: each setting again with that coverage map; with ``rolling`` (commit -> map
@@ -225,6 +226,7 @@ def replay(
     settings = {
         "commits": commits, "weights": list(weights), "agent": agent_name, "map": map_path,
         "rolling": rolling, "code": revision(ROOT), "sweeps": sweeps,
+        "floor": floor,
     }  # fmt: skip
     saved = Progress(Path(progress), settings) if progress else None
     for number, (c, p, diff_rows, tests, srcs) in enumerate(eligible):
@@ -285,6 +287,7 @@ def replay(
                         agent=agent,
                         coverage=cov,
                         sweeps=sweeps,
+                        floor=floor,
                     )
                     began = time.perf_counter()
                     plan, _change = select(Path(repo), p, head, None, config)
@@ -550,6 +553,11 @@ def main() -> int:
         help="select with sweeps run whole (SelectorConfig.sweeps, off by default)",
     )
     ap.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="with a map, select without the coverage floor (what the floor adds)",
+    )
+    ap.add_argument(
         "--compare",
         action="append",
         default=[],
@@ -630,6 +638,7 @@ def main() -> int:
                     if args.progress
                     else None,
                     args.sweeps,
+                    not args.no_floor,
                 )
                 for r in args.repos
             ]
