@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -21,6 +21,7 @@ from pydantic_settings import (
 
 from ci_relay.runtime_defaults import NOBODY, PODMAN_SOCKET
 from reuse_specs.backends import SPYRE_DEVICE_GLOB
+from test_selection.types import Budget
 
 MiB = 1024 * 1024
 SETTINGS_FILE_VARIABLE = "CI_RELAY_SETTINGS_FILE"
@@ -139,6 +140,14 @@ class Settings(BaseSettings):
     coverage_select: bool = Field(
         default=True, description="selection ranks with the newest map of the backend"
     )
+
+    @field_validator("selection_budget")
+    @classmethod
+    def _budget_reads(cls, value: str) -> str:
+        """A budget every selection would refuse is refused at start-up (``0.15`` is not a
+        count of tests: the error says it was likely 15%)."""
+        Budget.parse(value)
+        return value
 
     @model_validator(mode="after")
     def _reports_are_complete(self) -> Settings:

@@ -108,7 +108,20 @@ class Budget:
                 raise ValueError(f"bad budget {text!r}: a percentage must be in (0, 100]")
             return cls("fraction", number / 100)
         if unit == "s":
+            if number <= 0:
+                raise ValueError(f"bad budget {text!r}: seconds must be more than 0")
             return cls("seconds", number)
+        if number < 1 or not number.is_integer():
+            # "0.15" read as a count is a plan of (almost) nothing: say what was likely meant
+            meant = f"{number * 100:g}%" if number < 1 else f"{round(number)} tests"
+            raise ValueError(
+                f"bad budget {text!r}: a count of tests is a whole number of at least 1"
+                + (
+                    f" (for a share of the tests write a percentage: did you mean {meant}?)"
+                    if number > 0
+                    else ""
+                )
+            )
         return cls("count", number)
 
     def __str__(self) -> str:

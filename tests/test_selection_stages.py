@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from ci_relay.sample_upstream import SampleUpstream
 from test_selection import change_analysis, inventory
 from test_selection.candidates import (
     AlwaysRun,
@@ -22,6 +24,7 @@ from test_selection.git import GitError, Repo
 from test_selection.inventory import build_inventory
 from test_selection.plan import durations_for, load_durations, make_plan
 from test_selection.types import Budget, Evidence, Scored, TestId
+from tests.conftest import CliResult
 from tests.gitrepo import GitRepo
 
 TEST_MATH = """
@@ -286,3 +289,35 @@ def test_budget_parsing(text: str, kind: str, value: float) -> None:
 def test_bad_budgets(text: str) -> None:
     with pytest.raises(ValueError, match="bad budget"):
         Budget.parse(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "meant"),
+    [("0.15", "did you mean 15%?"), ("0.5", "did you mean 50%?"), ("12.5", "12 tests"), ("0", "")],
+)
+def test_a_count_below_one_or_not_whole_is_refused_with_what_was_meant(
+    text: str, meant: str
+) -> None:
+    with pytest.raises(ValueError, match="a count of tests is a whole number") as refused:
+        Budget.parse(text)
+    assert meant in str(refused.value)
+
+
+def test_select_refuses_a_fractional_count_before_selecting(
+    sample_upstream: SampleUpstream, cli: Callable[..., CliResult]
+) -> None:
+    done = cli(
+        "select", "--upstream", sample_upstream.path, "--base", "HEAD~1", "--head", "HEAD",
+        "--budget", "0.15", "--agent", "none",
+    )  # fmt: skip
+    assert done.code == 2 and "did you mean 15%?" in done.output, done.output
+
+
+def test_the_relay_refuses_a_fractional_count_budget_at_start_up() -> None:
+    from pydantic import ValidationError
+
+    from ci_relay.settings import Settings
+
+    with pytest.raises(ValidationError, match="did you mean 15%"):
+        Settings(selection_budget="0.15")
+    assert Settings(selection_budget="15%").selection_budget == "15%"
