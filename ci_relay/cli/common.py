@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from ci_relay.cli.consoles import err as err
+from ci_relay.cli.consoles import out as out
 from ci_relay.execution.spec_run import EXIT_BAD_INPUT, EXIT_NOTHING_SELECTED
 from reuse_specs.backends import (
     BACKENDS_DIR_ENV,
@@ -26,9 +28,6 @@ from reuse_specs.upstream_check import SpecDrift, find_drift
 if TYPE_CHECKING:
     from ci_relay.settings import Settings
 
-
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
 UpstreamOpt = Annotated[
     Path | None,

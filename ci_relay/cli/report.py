@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
+
+from ci_relay.cli.consoles import err, out
 
 if TYPE_CHECKING:  # the job report module loads only when a report is sent
     from ci_relay.reporting.job_report import JobIdentity, RetryPolicy
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
 EXIT_REFUSED = 1  # the callback answered 4xx: our body is wrong, sending it again won't help
 EXIT_BAD_INPUT = 2

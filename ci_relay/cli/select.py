@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from ci_relay.cli.common import LabelOpt
+from ci_relay.cli.consoles import err, out
 from reuse_specs.errors import SpecErrors
 
 if TYPE_CHECKING:  # the selector is imported when a command runs, not on every start
@@ -36,9 +36,6 @@ MODE_HELP = (
     "first (with --coverage) | safe: no budget, every test the change reaches by the coverage "
     "map, by import or by name, and every test it edits."
 )
-
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
 
 def _agent(
