@@ -40,6 +40,11 @@ class BackendPolicy(BaseModel):
         description="run only spec entries with this label on this backend (torch-spyre's "
         "TORCH_SPYRE_TEST_TYPE); default: every entry",
     )
+    nightly_only: bool = Field(
+        default=False,
+        description="run on nightly dispatches only (CRCR's nightly-only L2): a pull request "
+        "or push is recorded with this backend skipped, never queued",
+    )
     selection: Literal["ranked", "safe"] = Field(
         default="ranked",
         description="ranked: the selection budget spent by rank, the coverage floor first; "
@@ -81,6 +86,21 @@ class Policy(BaseModel):
     def for_repository(self, name: str | None) -> RepositoryPolicy | None:
         return self.repositories.get(name) if name else None
 
+    @staticmethod
+    def skipped_for(repo: RepositoryPolicy, kind: str) -> list[dict[str, str]]:
+        """The backends that would run but are nightly only, for a change that is not a
+        nightly, with why (stored on the change: the dashboard and the API say it)."""
+        if kind == "nightly":
+            return []
+        return [
+            {
+                "backend": backend,
+                "reason": f"nightly only under the policy: not run for a {kind.replace('_', ' ')}",
+            }
+            for backend, policy in sorted(repo.backends.items())
+            if policy.nightly_only and policy.level is not Level.L1
+        ]
+
     def selection_for(self, repository: str | None, backend: str) -> str:
         """How this backend's runs select for this repository (``ranked`` or ``safe``)."""
         repo = self.for_repository(repository)
@@ -100,6 +120,8 @@ class Policy(BaseModel):
         for backend, policy in sorted(repo.backends.items()):
             device = policy.device or backend
             if policy.level is Level.L1:
+                continue
+            if policy.nightly_only and kind != "nightly":
                 continue
             if policy.level is Level.L3 and not (
                 (kind == "pull_request" and f"ciflow/crcr/{device}" in labels)

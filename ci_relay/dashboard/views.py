@@ -189,6 +189,8 @@ class ChangeInfo:
     delivery_id: str
     received_at: datetime
     title: str | None
+    # backends the policy did not run for it, with why ({"backend", "reason"})
+    skipped: tuple[dict[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

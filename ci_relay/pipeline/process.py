@@ -102,10 +102,15 @@ def process_delivery(rt: RelayContext, delivery_pk: int) -> list[Next]:
                 run = Run(change=change, backend=backend, attempt=attempt, level=level.value)
                 session.add(run)
                 runs.append(run)
+        skipped = rt.policy.skipped_for(repo_policy, kind) if intent.runs_tests else []
+        if skipped:
+            change.skipped = skipped
         if not runs:
             note = (
                 f"head already tested on {', '.join(already)}"
                 if already
+                else "; ".join(f"{s['backend']}: {s['reason']}" for s in skipped)
+                if skipped
                 else "no backend runs for this change under the policy"
             )
             delivery.reason = f"{delivery.reason}; {note}" if delivery.reason else note

@@ -106,6 +106,7 @@ def change_json(c: Change) -> dict[str, Any]:
         "base_sha": c.base_sha,
         "state": _change_state(c),
         "runs": [run_json(r) for r in c.runs],
+        "skipped": list(c.skipped or []),
         "created_at": _iso(c.created_at),
     }
 

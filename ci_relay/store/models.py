@@ -120,6 +120,8 @@ class Change(Base):
     base_sha: Mapped[str | None] = mapped_column(String(64))
     head_sha: Mapped[str] = mapped_column(String(64))
     labels: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # the backends the policy did not run for this change, and why: [{"backend", "reason"}]
+    skipped: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     delivery: Mapped[Delivery] = relationship(back_populates="change")

@@ -73,12 +73,27 @@ def _changes(session: Session, *where: ColumnElement[bool]) -> list[ChangeInfo]:
             Delivery.received_at,
             Delivery.source,
             Delivery.body,
+            Change.skipped,
         )
         .join(Delivery, Change.delivery_pk == Delivery.id)
         .where(*where)
         .order_by(Change.id)
     ).all()
-    return [from_row(ChangeInfo, r, title=_title(r.source, r.body)) for r in rows]
+    return [
+        from_row(ChangeInfo, r, title=_title(r.source, r.body), skipped=_skipped(r.skipped))
+        for r in rows
+    ]
+
+
+def _skipped(value: Any) -> tuple[dict[str, str], ...]:
+    """A change's skipped backends as stored (anything else: none)."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(
+        {"backend": str(s.get("backend", "")), "reason": str(s.get("reason", ""))}
+        for s in value
+        if isinstance(s, dict)
+    )
 
 
 def _runs(
