@@ -40,6 +40,8 @@ class Floor:
         if self.skipped:
             return f"coverage floor: none ({self.skipped}); the ranking alone fills the budget"
         known = len(self.reached) + len(self.unreached)
+        if not known and not self.unknown:
+            return "coverage floor: none (the change changes no function of the code under test)"
         said = (
             f"coverage floor: {len(self.tests)} test(s) reach {len(self.reached)} of the "
             f"{known} changed function(s) the map knows, each by its most specific executing "
