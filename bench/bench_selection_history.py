@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import shlex
 import statistics
 import subprocess
@@ -60,7 +59,15 @@ sys.path.insert(0, str(ROOT))
 
 from rolling_maps import NIGHTLY, assign, record_series, run_record, schedule  # noqa: E402
 from rolling_maps import git as rolling_git  # noqa: E402
-from saved_runs import DROP, Progress, compare, figures, revision  # noqa: E402
+from saved_runs import (  # noqa: E402
+    DROP,
+    Progress,
+    compare,
+    figures,
+    read_saved,
+    revision,
+    write_saved,
+)
 
 from test_selection.coverage.map import CoverageMap, CoverageMapError  # noqa: E402
 from test_selection.selector import SelectorConfig, select  # noqa: E402
@@ -577,7 +584,7 @@ def main() -> int:
         ap.error("--verify runs the yardstick: name it with --yardstick")
     weights = tuple(float(w) for w in args.file_weights.split(","))
     if args.load:
-        results = [r for path in args.load for r in json.loads(Path(path).read_text())]
+        results = [r for path in args.load for r in read_saved(Path(path))]
         keys = set.intersection(*(set(r["rows"][0]["results"]) for r in results if r["rows"]))
         weights = tuple(
             sorted(
@@ -651,7 +658,7 @@ def main() -> int:
             if result["repo"] in series:
                 result["rolling_info"] = series[result["repo"]][1]
         if args.save:
-            Path(args.save).write_text(json.dumps(results))
+            write_saved(Path(args.save), results)
     names = [Path(r["repo"]).name for r in results]
     mapped = any(
         k.endswith(f"{MAP}@0.15") for r in results if r["rows"] for k in r["rows"][0]["results"]
@@ -802,7 +809,7 @@ def main() -> int:
 
 def _compared(paths: list[str], results: list[dict[str, Any]]) -> bool:
     """Print the figures against the saved runs; whether any fell by more than DROP."""
-    saved = [r for path in paths for r in json.loads(Path(path).read_text())]
+    saved = [r for path in paths for r in read_saved(Path(path))]
     lines, failed = compare(saved, results)
     print(f"\nAgainst the saved runs ({', '.join(paths)}), over the commits both replayed:")
     for line in lines:

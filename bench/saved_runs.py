@@ -9,6 +9,7 @@ runs compared, without replaying anything.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import statistics
@@ -51,6 +52,21 @@ def figures(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
         "cold": seconds[0] if seconds else 0.0,  # the first change replayed: nothing cached
         "warm": statistics.median(seconds[1:]) if len(seconds) > 1 else 0.0,
     }
+
+
+def read_saved(path: Path) -> list[dict[str, Any]]:
+    """A run saved with ``--save`` (``.json``, or ``.json.gz`` as ``bench/results/`` keeps
+    them: a history's rows are mostly repeated test names)."""
+    raw = path.read_bytes()
+    data = json.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)
+    if not isinstance(data, list):
+        raise SystemExit(f"{path}: not a saved run (a list of histories was expected)")
+    return data
+
+
+def write_saved(path: Path, results: list[dict[str, Any]]) -> None:
+    text = json.dumps(results, separators=(",", ":")).encode()
+    path.write_bytes(gzip.compress(text, mtime=0) if path.name.endswith(".gz") else text)
 
 
 class Progress:
