@@ -63,9 +63,9 @@ def _reasons(item: Scored) -> list[str]:
     they give a place in the plan, not a rank) lead when they are there."""
     if not item.evidence:
         return []
-    floor = [e.reason for e in item.evidence if e.source in PLACE_SOURCES]
+    placed = [e.reason for e in item.evidence if e.source in PLACE_SOURCES]
     ranked = [e.reason for e in sorted(item.evidence, key=lambda e: -e.score) if e.score > 0]
-    return (floor + ranked)[:5]
+    return (placed + ranked)[:5]
 
 
 @dataclass
@@ -187,9 +187,9 @@ def make_plan(
             break
         chosen.append(item)
         spent += cost
-    if (
-        not chosen and order and fill
-    ):  # never an empty plan; within the budget's count when it has one
+    # never an empty plan, within the budget's count when it has one (safe mode's may be:
+    # a change that reaches no test runs none)
+    if not chosen and order and fill:
         chosen = order[: 1 if budget.kind == "seconds" else max(1, min(limit_count, universe))]
         if budget.kind == "seconds":
             notes.append(f"no test fits the {budget} budget: the top-ranked one runs alone")
