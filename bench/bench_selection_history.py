@@ -580,6 +580,7 @@ def main() -> int:
         "history can be saved apart and the table printed over all of them)",
     )
     args = ap.parse_args()
+    made_by = {"code": revision(ROOT), "command": shlex.join(sys.argv)}  # before any replay
     if args.verify and not args.yardstick:
         ap.error("--verify runs the yardstick: name it with --yardstick")
     weights = tuple(float(w) for w in args.file_weights.split(","))
@@ -651,7 +652,7 @@ def main() -> int:
             ]
             results = [f.result() for f in futures]
         for result in results:
-            result["made_by"] = {"code": revision(ROOT), "command": shlex.join(sys.argv)}
+            result["made_by"] = made_by
         for result in results:
             if result["repo"] in maps:
                 result["map"] = maps[result["repo"]]
