@@ -250,6 +250,7 @@ def test_a_backend_the_policy_sets_to_safe_mode_runs_every_test_the_map_says_was
     with served_app(rt) as url:
         page = httpx.get(f"{url}/runs/{run_id}", timeout=30).text
     assert '<dd class="selection-mode">safe: no budget, every test the change reaches' in page
+    assert '<dd class="ranking-choice">none: safe mode ranks nothing</dd>' in page
     assert "safe mode: executed a changed function in the coverage map" in page
 
 
