@@ -17,19 +17,11 @@ from test_selection.plan import make_plan
 from test_selection.types import FLOOR_SOURCE, Budget, Evidence, Scored, TestId
 from tests.conftest import CliResult
 from tests.gitrepo import GitRepo
+from tests.test_coverage_map import dispatcher
 
 N = 40
 
-CORE = "\n".join(
-    [
-        "def dispatch(n):",
-        "    return TABLE[n](n)",
-        "",
-        *(f"def _impl_{i}(n):\n    return n * {i + 2}\n" for i in range(N)),
-        f"TABLE = [{', '.join(f'_impl_{i}' for i in range(N))}]",
-        "",
-    ]
-)
+CORE = dispatcher(N)
 # every test reads alike; one more runs every implementation (it reaches everything, so it
 # is the least specific test for any of them)
 TESTS = (
