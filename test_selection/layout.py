@@ -14,7 +14,7 @@ import configparser
 import fnmatch
 import shlex
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from test_selection.git import GitError, Repo
@@ -148,6 +148,35 @@ def pytest_options(read: Callable[[str], str | None]) -> dict[str, object]:
         if options is not None:
             return options
     return {}
+
+
+def conftest_scopes(paths: Iterable[str]) -> list[tuple[str, str]]:
+    """Each ``conftest.py`` among ``paths`` with the folder it applies to ('' for the root):
+    pytest loads it for every test below that folder."""
+    return [(p, p.rpartition("/")[0]) for p in paths if p.rsplit("/", 1)[-1] == "conftest.py"]
+
+
+def below(folder: str, path: str) -> bool:
+    """Whether ``path`` is inside ``folder`` ('' is the root, which holds everything)."""
+    return not folder or path.startswith(folder + "/")
+
+
+def configured(settings: list[tuple[str, dict[str, object] | None]]) -> dict[str, object]:
+    """From ``pytest_settings``: the options of the first file that configures pytest, as
+    pytest picks it (``{}``: none does)."""
+    return next((options for _name, options in settings if options is not None), {})
+
+
+def settings_change(
+    before: list[tuple[str, dict[str, object] | None]],
+    after: list[tuple[str, dict[str, object] | None]],
+) -> str | None:
+    """The first configuration file whose pytest options differ between two readings of
+    ``pytest_settings`` (None: pytest runs as it did)."""
+    return next(
+        (name for (name, old), (_same, new) in zip(before, after, strict=True) if old != new),
+        None,
+    )
 
 
 def not_recursed(options: dict[str, object]) -> tuple[str, ...]:

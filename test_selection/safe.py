@@ -20,7 +20,7 @@ from test_selection.change_analysis import ChangeAnalysis
 from test_selection.coverage.select import CoverageUse
 from test_selection.git import Repo
 from test_selection.inventory import Inventory
-from test_selection.layout import pytest_settings
+from test_selection.layout import below, conftest_scopes, pytest_settings, settings_change
 from test_selection.types import TestId
 
 MODES = ("ranked", "safe")
@@ -99,11 +99,9 @@ def safe_set(
     if settings:
         found.add(ordered, f"safe mode: pytest's settings in {settings} changed")
         return found
-    for path in (f.path for f in change.files if f.path.rsplit("/", 1)[-1] == "conftest.py"):
-        folder = path.rpartition("/")[0]
+    for path, folder in conftest_scopes(f.path for f in change.files):
         found.add(
-            (t for t in ordered if not folder or t.file.startswith(folder + "/")),
-            f"safe mode: below the changed {path}",
+            (t for t in ordered if below(folder, t.file)), f"safe mode: below the changed {path}"
         )
     if coverage is not None:
         found.add(
@@ -163,9 +161,4 @@ def _by_import_and_name(
 
 def _settings_changed(repo: Repo, change: ChangeAnalysis) -> str | None:
     """The configuration file whose pytest settings the change alters, if one does."""
-    touched = {f.path for f in change.files}
-    before, after = pytest_settings(repo, change.base), pytest_settings(repo, change.head)
-    for (name, old), (_same, new) in zip(before, after, strict=True):
-        if name in touched and old != new:
-            return name
-    return None
+    return settings_change(pytest_settings(repo, change.base), pytest_settings(repo, change.head))

@@ -166,10 +166,6 @@ def record(
     )
 
 
-def _text(data: bytes | None) -> str | None:
-    return data.decode("utf-8", errors="replace") if data is not None else None
-
-
 def _update_from(since: Path, upstream: Path, sha: str, repository: str | None) -> tuple[Any, Any]:
     """What ``--since MAP`` runs again and keeps (``coverage_update.plan_update``)."""
     from test_selection.coverage.map import CoverageMap, CoverageMapError
@@ -177,11 +173,12 @@ def _update_from(since: Path, upstream: Path, sha: str, repository: str | None) 
     from test_selection.git import GitError, Repo
     from test_selection.inventory import is_test_path
     from test_selection.layout import (
+        configured,
         detect_layout,
         not_recursed,
-        pytest_options,
         pytest_settings,
         recursed,
+        settings_change,
     )
 
     repo = Repo(upstream)
@@ -202,20 +199,12 @@ def _update_from(since: Path, upstream: Path, sha: str, repository: str | None) 
     patterns = detect_layout(repo, sha).patterns
     # the files to run again are named to pytest, which then enters folders it never walks
     # into (norecursedirs): those are left out as a plain run leaves them
-    skipped = not_recursed(pytest_options(lambda name: _text(repo.show(sha, name))))
+    now = pytest_settings(repo, sha)
+    skipped = not_recursed(configured(now))
     tests = {
         p for p in files.split("\0") if p and is_test_path(p, patterns) and recursed(p, skipped)
     }
-    settings = next(
-        (
-            name
-            for (name, before), (_n, after) in zip(
-                pytest_settings(repo, older.revision), pytest_settings(repo, sha), strict=True
-            )
-            if before != after
-        ),
-        None,
-    )
+    settings = settings_change(pytest_settings(repo, older.revision), now)
     update = plan_update(older, [p for p in changed if p], tests, lambda p: p in tests, settings)
     return update, older
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from test_selection.coverage.map import CoverageMap
+from test_selection.layout import below, conftest_scopes
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,8 @@ def plan_update(
     if old.collection_errors:
         return Update(None, {}, "the earlier map had collection errors: every test runs again")
     rerun = {p for p in changed if p in test_files and is_test(p)}
-    for conftest in (p for p in changed if p.rsplit("/", 1)[-1] == "conftest.py"):
-        folder = conftest.rpartition("/")[0]
-        rerun |= {t for t in test_files if not folder or t.startswith(folder + "/")}
+    for _conftest, folder in conftest_scopes(changed):
+        rerun |= {t for t in test_files if below(folder, t)}
     code = {p for p in changed if p.endswith(".py")}
     for test, functions in old.tests.items():
         file = test_file(test)
