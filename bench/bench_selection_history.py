@@ -69,6 +69,7 @@ from saved_runs import (  # noqa: E402
     write_saved,
 )
 
+from test_selection.coverage.floor import EXECUTED_SHARE  # noqa: E402
 from test_selection.coverage.map import CoverageMap, CoverageMapError  # noqa: E402
 from test_selection.selector import SelectorConfig, select  # noqa: E402
 from test_selection.types import Budget  # noqa: E402
@@ -203,6 +204,7 @@ def replay(
     progress: str | None = None,
     sweeps: bool = False,
     floor: bool = True,
+    executed_share: float = EXECUTED_SHARE,
 ) -> dict[str, Any]:
     """Every commit of one history under combo and each setting, at every budget (with
     ``map_path``: each setting again with that coverage map; with ``rolling`` (commit -> map
@@ -234,6 +236,7 @@ def replay(
         "commits": commits, "weights": list(weights), "agent": agent_name, "map": map_path,
         "rolling": rolling, "code": revision(ROOT), "sweeps": sweeps,
         "floor": floor,
+        **({} if executed_share == EXECUTED_SHARE else {"executed_share": executed_share}),
     }  # fmt: skip
     saved = Progress(Path(progress), settings) if progress else None
     for number, (c, p, diff_rows, tests, srcs) in enumerate(eligible):
@@ -295,6 +298,7 @@ def replay(
                         coverage=cov,
                         sweeps=sweeps,
                         floor=floor,
+                        executed_share=executed_share,
                     )
                     began = time.perf_counter()
                     plan, _change = select(Path(repo), p, head, None, config)
@@ -565,6 +569,14 @@ def main() -> int:
         help="with a map, select without the coverage floor (what the floor adds)",
     )
     ap.add_argument(
+        "--executed-share",
+        type=float,
+        default=EXECUTED_SHARE,
+        help="with a map, the share of the budget the tests that executed a changed function "
+        f"may take past the floor (SelectorConfig.executed_share, {EXECUTED_SHARE}; 0: the "
+        "floor alone)",
+    )
+    ap.add_argument(
         "--compare",
         action="append",
         default=[],
@@ -647,6 +659,7 @@ def main() -> int:
                     else None,
                     args.sweeps,
                     not args.no_floor,
+                    args.executed_share,
                 )
                 for r in args.repos
             ]

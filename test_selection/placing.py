@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from test_selection.change_analysis import ChangeAnalysis
-from test_selection.coverage.floor import Floor, floor_for, stale
+from test_selection.coverage.floor import EXECUTED_SHARE, Floor, floor_for, stale
 from test_selection.coverage.select import CoverageUse
 from test_selection.git import Repo
 from test_selection.inventory import Inventory
@@ -58,10 +58,19 @@ class Placed:
     floor: Floor | None = None
 
 
-def ranked_plan(inputs: PlanInputs, budget: Budget, use_floor: bool, use_sweeps: bool) -> Placed:
-    """The budget spent: the floor and the sweeps first, then by rank."""
+def ranked_plan(
+    inputs: PlanInputs,
+    budget: Budget,
+    use_floor: bool,
+    use_sweeps: bool,
+    executed_share: float = EXECUTED_SHARE,
+) -> Placed:
+    """The budget spent: the floor, the other executing tests up to ``executed_share`` of
+    it, the sweeps, then by rank."""
     coverage = inputs.coverage
     floor = _floor(coverage, inputs.universe, inputs.scored) if coverage and use_floor else None
+    if floor is not None:
+        floor.executed_share = executed_share
     whole = sweeps(inputs.change, inputs.inventory, inputs.universe, coverage) if use_sweeps else []
     selected, excluded, shards, notes = make_plan(
         inputs.scored,
@@ -71,7 +80,11 @@ def ranked_plan(inputs: PlanInputs, budget: Budget, use_floor: bool, use_sweeps:
         inputs.modes,
         floor.tests if floor else (),
         wholes=[s.tests for s in whole],
+        executed=floor.executed if floor else (),
+        executed_share=executed_share,
     )
+    if floor is not None:
+        _executed(floor, selected)
     for item in selected:
         item.evidence.append(Evidence("plan", "budget", 0.0, f"within the {budget} budget"))
     said = ([floor.note()] if floor is not None else []) + _swept(whole, selected)
@@ -96,6 +109,20 @@ def safe_plan(repo: Repo, inputs: PlanInputs) -> Placed:
         fill=False,
     )
     return Placed(selected, excluded, shards, [*found.notes(len(inputs.universe)), *notes])
+
+
+def _executed(floor: Floor, selected: list[PlannedTest]) -> None:
+    """The executing tests past the floor that the plan took: each says why, the floor
+    counts them."""
+    later = set(floor.executed)
+    for item in selected:
+        if item.test not in later:
+            continue
+        floor.taken_executed += 1
+        why = floor.why[item.test]
+        item.evidence.append(Evidence("plan", FLOOR_SOURCE, 0.0, why))
+        item.reasons.insert(0, why)
+        del item.reasons[5:]
 
 
 def _swept(whole: list[Sweep], selected: list[PlannedTest]) -> list[str]:
@@ -133,6 +160,6 @@ def _floor(coverage: CoverageUse, universe: set[TestId], scored: dict[TestId, Sc
     if why_not or coverage.index is None:
         return Floor(skipped=why_not)
     floor = floor_for(coverage.index, coverage.targets, coverage.changed, universe)
-    for test in floor.tests:
+    for test in floor.tests:  # the rest of floor.why: only for those the plan takes
         scored[test].evidence.append(Evidence("plan", FLOOR_SOURCE, 0.0, floor.why[test]))
     return floor

@@ -89,10 +89,13 @@ def _place(
     floor: Sequence[TestId],
     wholes: Sequence[Sequence[TestId]],
     budget: Budget,
+    executed: Sequence[TestId] = (),
+    executed_share: float = 0.0,
 ) -> list[str]:
-    """The coverage floor test by test, most specific first, then each whole group that
-    still fits in full; appended to ``chosen``. Returns what to say of the floor's part
-    that did not fit."""
+    """The coverage floor test by test, most specific first, then the other executing tests
+    in their order up to ``executed_share`` of the budget, then each whole group that still
+    fits in full; appended to ``chosen``. Returns what to say of the floor's part that did
+    not fit."""
     floor_out = 0
     for test in floor:
         if test in taken or test not in scored:
@@ -103,6 +106,7 @@ def _place(
         chosen.append(scored[test])
         taken.add(test)
         left.spent += durations[test]
+    _take_share(scored, durations, chosen, taken, left, executed, executed_share)
     for group in wholes:
         missing = [test for test in group if test not in taken and test in scored]
         cost = sum(durations[test] for test in missing)
@@ -119,6 +123,38 @@ def _place(
     ]
 
 
+def _take_share(
+    scored: Mapping[TestId, Scored],
+    durations: Mapping[TestId, float],
+    chosen: list[Scored],
+    taken: set[TestId],
+    left: _Left,
+    tests: Sequence[TestId],
+    share: float,
+) -> None:
+    """``tests`` in order while they fit in ``share`` of the budget (its count and its
+    seconds), the rest of the budget left to the ranking."""
+    if share <= 0 or not tests:
+        return
+    count = int(share * left.count)
+    seconds = share * left.seconds
+    spent = 0.0
+    took = 0
+    for test in tests:
+        if took >= count:
+            break
+        if test in taken or test not in scored:
+            continue
+        cost = durations[test]
+        if spent + cost > seconds or not left.fits(len(chosen), 1, cost):
+            continue
+        chosen.append(scored[test])
+        taken.add(test)
+        left.spent += cost
+        spent += cost
+        took += 1
+
+
 def make_plan(
     scored: dict[TestId, Scored],
     budget: Budget,
@@ -128,9 +164,12 @@ def make_plan(
     floor: Sequence[TestId] = (),
     fill: bool = True,
     wholes: Sequence[Sequence[TestId]] = (),
+    executed: Sequence[TestId] = (),
+    executed_share: float = 0.0,
 ) -> tuple[list[PlannedTest], list[PlannedTest], list[list[str]], list[str]]:
     """Choose within the budget: always-run tests, then the tests the change edits or
-    references, then the coverage floor (``floor``, most specific first), then each group
+    references, then the coverage floor (``floor``, most specific first), then ``executed``
+    in order up to ``executed_share`` of the budget, then each group
     of ``wholes`` that still fits in full (a sweep's file), then by score (``fill``; without
     it the plan is those alone, as safe mode's is); LPT sharding of the chosen."""
     modes = modes or {}
@@ -172,7 +211,10 @@ def make_plan(
         )
     taken = {s.test for s in chosen}
     budget_left = _Left(limit_count, limit_seconds, spent)
-    notes += _place(scored, durations, chosen, taken, budget_left, floor, wholes, budget)
+    notes += _place(
+        scored, durations, chosen, taken, budget_left, floor, wholes, budget, executed,
+        executed_share,
+    )  # fmt: skip
     spent = budget_left.spent
     for item in order if fill else ():
         if item.test in must or item.test in taken:

@@ -16,6 +16,7 @@ from reuse_specs.upstream_check import find_drift
 from test_selection.agents import Agent, LocalAgent, NoAgent, Review
 from test_selection.candidates import Context, Heuristic, collect_evidence, default_heuristics
 from test_selection.change_analysis import ChangeAnalysis, analyze
+from test_selection.coverage.floor import EXECUTED_SHARE
 from test_selection.coverage.map import CoverageIndex
 from test_selection.coverage.select import CoverageUse, use_map
 from test_selection.git import Repo
@@ -79,6 +80,8 @@ class SelectorConfig:
     # backtest sets its threshold: by changed names alone it cost attrs 0.043 of edited-test
     # recall at 15 % (bench/README.md)
     sweeps: bool = False
+    # of the budget the tests that executed a changed function (past the floor) may take
+    executed_share: float = EXECUTED_SHARE
 
 
 def spec_universe(
@@ -310,7 +313,7 @@ def select(
     placed = (
         safe_plan(repo, inputs)
         if safe
-        else ranked_plan(inputs, config.budget, config.floor, config.sweeps)
+        else ranked_plan(inputs, config.budget, config.floor, config.sweeps, config.executed_share)
     )
     clock.lap("plan")
     plan = TestPlan(

@@ -163,3 +163,61 @@ def test_the_floor_goes_ahead_of_higher_ranked_tests_and_picks_the_fewest_functi
     with_floor, _, _, notes = make_plan(scored, Budget("count", 1), durations, 1, floor=floor.tests)
     assert [p.test for p in with_floor] == [tests[1]] and notes == []
     assert with_floor[0].reasons[0] == floor.why[tests[1]]
+
+
+def test_other_executing_tests_take_up_to_their_share_of_the_budget_most_specific_first() -> None:
+    cmap = CoverageMap("example/floor", "a" * 40)
+    # six tests ran f, each with more recorded functions than the one before; g is ranked
+    for k in range(6):
+        cmap.add(f"t.py::test_f{k}", {("m.py", "f"): 1, **{("m.py", f"x{i}"): 2 for i in range(k)}})
+    cmap.add("t.py::test_g", {("m.py", "g"): 1})
+    index = cmap.index()
+    tests = [TestId("t.py", None, f"test_f{k}") for k in range(6)] + [
+        TestId("t.py", None, "test_g")
+    ]
+    floor = floor_for(index, {"m.py:f": [("m.py", "f")]}, ["m.py:f"], tests)
+    assert floor.tests == [tests[0]]
+    assert floor.executed == tests[1:6]  # the rest of f's tests, fewest functions first
+    assert "tests that executed a changed function go ahead" in floor.why[tests[3]]
+    scored = {t: Scored(t, [Evidence("candidates", "x", 0.1, "ranked low")]) for t in tests}
+    scored[tests[6]] = Scored(tests[6], [Evidence("candidates", "x", 0.9, "ranked high")])
+    durations = dict.fromkeys(tests, 1.0)
+
+    def chosen(budget: Budget, share: float) -> list[str]:
+        selected, *_ = make_plan(
+            scored, budget, durations, 1, floor=floor.tests, executed=floor.executed,
+            executed_share=share,
+        )  # fmt: skip
+        return [p.test.name for p in selected]
+
+    # 6 tests: the floor, then half the budget (3) to the executing tests, then the ranking
+    assert chosen(Budget("count", 6), 0.5) == [
+        "test_f0", "test_f1", "test_f2", "test_f3", "test_g", "test_f4",
+    ]  # fmt: skip
+    # no share: the floor alone, the ranking takes the rest (test_g first)
+    assert chosen(Budget("count", 3), 0.0) == ["test_f0", "test_g", "test_f1"]
+    # a seconds budget caps the share in seconds too
+    assert chosen(Budget("seconds", 4.0), 0.5) == ["test_f0", "test_f1", "test_f2", "test_g"]
+
+
+def test_the_plan_says_how_many_executing_tests_it_took_and_why_each(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    repo, base = _upstream(tmp_path)
+    cmap = tmp_path / "map.json.gz"
+    _record(cli, repo, base, cmap)
+    repo.commit("fix 5 and 23", {"pkg/core.py": _edit(5, 23)}, dedent=False)
+    plan = _plan(cli, repo, cmap, "10")
+    chosen = [t["test"] for t in plan["selected"]]
+    assert chosen[:3] == [
+        "tests/test_core.py::test_case_05",
+        "tests/test_core.py::test_case_23",
+        "tests/test_core.py::test_all",  # ran both, and every other implementation
+    ]
+    assert plan["coverage"]["floor"]["executed"] == 1
+    assert plan["coverage"]["floor"]["executed_taken"] == 1
+    third = plan["selected"][2]
+    assert "tests that executed a changed function go ahead of the ranking" in third["reasons"][0]
+    note = next(n for n in plan["notes"] if n.startswith("coverage floor:"))
+    assert "then 1 of the 1 other test(s) that executed a changed function" in note
+    assert "up to 50% of the budget" in note

@@ -214,8 +214,8 @@ def test_record_since_an_older_map_runs_again_only_what_the_change_can_reach(
     assert done.code == 0, done.output
     said = " ".join(done.output.split())
     assert (
-        f"1 test file(s) run again (changed, or a test of them executed a changed file), {N} "
-        f"test(s) kept from {base[:12]}"
+        f"1 test file(s) run again (changed, or a test of them executed a changed function), "
+        f"{N} test(s) kept from {base[:12]}"
     ) in said, said
     full = tmp_path / "full.json.gz"
     assert _record(cli, repo, util, full).code == 0
@@ -246,6 +246,55 @@ def test_record_since_an_older_map_runs_again_only_what_the_change_can_reach(
     refused = cli("coverage", "record", "--upstream", repo.path, "-o", tmp_path / "x.json.gz",
                   "--since", other)  # fmt: skip
     assert refused.code == 2 and "--since: the map is of 'someone/else'" in refused.output
+
+
+def test_record_since_reruns_the_tests_of_a_changed_body_and_every_user_of_a_changed_module(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """Function granularity (as pytest-testmon): a change inside one function's body runs
+    again only the test files that executed that function; a change outside the bodies (a
+    module constant, a signature) runs again every test file that executed the module. Each
+    incremental map equals a full recording."""
+    repo = GitRepo(tmp_path / "up")
+    mod = (
+        "SCALE = 2\n\n\ndef f(x):\n    return x * SCALE\n\n\n"
+        "def g(x):\n    def inner(y):\n        return y + 1\n\n    return inner(x)\n"
+    )
+    base = repo.commit(
+        "base",
+        {
+            "pkg/__init__.py": "",
+            "pkg/mod.py": mod,
+            "tests/test_f.py": "from pkg.mod import f\n\n\ndef test_f():\n    assert f(2) > 3\n",
+            "tests/test_g.py": "from pkg.mod import g\n\n\ndef test_g():\n    assert g(2) == 3\n",
+        },
+        dedent=False,
+    )
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    previous = maps / "base.json.gz"
+    assert _record(cli, repo, base, previous).code == 0
+    steps = [  # each on top of the one before
+        ("g's nested function", ("y + 1", "1 + y"), "1 test file(s) run again", 1),
+        ("f's body", ("x * SCALE", "SCALE * x"), "1 test file(s) run again", 1),
+        ("a module constant", ("SCALE = 2", "SCALE = 3"), "2 test file(s) run again", 0),
+        ("f's signature", ("def f(x):", "def f(x, y=0):"), "2 test file(s) run again", 0),
+    ]
+    for what, (old, new), reran, narrowed in steps:
+        text = mod.replace(old, new)
+        sha = repo.commit(what, {"pkg/mod.py": text}, dedent=False)
+        since = maps / f"{sha}.json.gz"
+        done = cli("coverage", "record", "--upstream", repo.path, "--rev", sha, "-o", since,
+                   "--since", previous)  # fmt: skip
+        assert done.code == 0, (what, done.output)
+        said = " ".join(done.output.split())
+        assert reran in said, (what, said)
+        assert f"{narrowed} of the 1 changed Python file(s) changed function bodies only" in said
+        full = maps / f"{sha}-full.json.gz"
+        assert _record(cli, repo, sha, full).code == 0
+        assert CoverageMap.load(since).tests == CoverageMap.load(full).tests, what
+        previous = since
+        mod = text
 
 
 def test_tests_that_start_threads_or_processes_or_take_the_profiler_are_flagged(

@@ -5,8 +5,11 @@ never tuned on, a quarter of breaking changes got no failing test in a 5 % plan 
 map held tests that ran the broken function). So before the budget is spent by rank, the
 plan takes, for each changed function the map knows, its most specific executing test: the
 one that executed the fewest recorded functions, then the shallowest call, then by name.
-The ranking fills what the budget leaves. A floor larger than the budget keeps its most
-specific part and says so (``plan.make_plan``).
+Then the other tests that executed a changed function (``Floor.executed``: each function's
+second most specific, then third, ...), up to ``EXECUTED_SHARE`` of the budget: on a
+breaking change they are the tests most likely to fail, and the map says so directly where
+co-change only guesses. The ranking fills what the budget leaves. A floor larger than the
+budget keeps its most specific part and says so (``plan.make_plan``).
 
 A map too far behind the change's base, or not behind it at all (recorded on another
 branch), names functions that may no longer exist as recorded: no floor, with a note.
@@ -22,6 +25,9 @@ from test_selection.coverage.map import CoverageIndex, Function
 from test_selection.types import TestId
 
 PER_FUNCTION = 1  # the most specific executing tests taken per changed function
+# of the budget the other executing tests may take (the ranking keeps the rest): measured in
+# bench/README.md, "Executed tests first"
+EXECUTED_SHARE = 0.5
 STALE_AFTER = 1000  # commits from the map's revision to the base: older maps make no floor
 
 
@@ -30,6 +36,10 @@ class Floor:
     """What the floor takes for one change, most specific first, and what it could not."""
 
     tests: list[TestId] = field(default_factory=list)
+    # the other tests that executed a changed function, in the order the plan takes them
+    executed: list[TestId] = field(default_factory=list)
+    taken_executed: int = 0  # how many of them the plan took (set by the plan stage)
+    executed_share: float = EXECUTED_SHARE
     why: dict[TestId, str] = field(default_factory=dict)  # the function it is the floor for
     reached: list[str] = field(default_factory=list)  # changed functions a floor test ran
     unreached: list[str] = field(default_factory=list)  # known, but no universe test ran them
@@ -49,6 +59,12 @@ class Floor:
         )
         if self.unreached:
             said += f"; no test in the universe executed {_some(self.unreached)}"
+        if self.executed:
+            said += (
+                f"; then {self.taken_executed} of the {len(self.executed)} other test(s) that "
+                f"executed a changed function, most specific first (up to "
+                f"{self.executed_share:.0%} of the budget)"
+            )
         if self.unknown:
             said += f"; the map never saw {_some(self.unknown)}"
         return said
@@ -56,6 +72,8 @@ class Floor:
     def to_json(self) -> dict[str, Any]:
         return {
             "tests": [t.nodeid for t in self.tests],
+            "executed": len(self.executed),
+            "executed_taken": self.taken_executed,
             "reached": self.reached[:200],
             "unreached": self.unreached[:200],
             "unknown": self.unknown[:200],
@@ -94,6 +112,7 @@ def floor_for(
     floor = Floor()
     taken: set[TestId] = set()
     rank: dict[TestId, tuple[int, int, str]] = {}
+    later: dict[TestId, tuple[int, int, int, str]] = {}  # the rest: (place in its function, key)
     for symbol in changed:
         functions = targets.get(symbol)
         if not functions:
@@ -111,7 +130,8 @@ def floor_for(
             floor.unreached.append(symbol)
             continue
         floor.reached.append(symbol)
-        for test in sorted(runs, key=runs.__getitem__)[:PER_FUNCTION]:
+        ordered = sorted(runs, key=runs.__getitem__)
+        for test in ordered[:PER_FUNCTION]:
             found = by_id[test]
             if found not in taken:
                 taken.add(found)
@@ -122,5 +142,19 @@ def floor_for(
                     f"the most specific test that executed changed {symbol} ({calls}; runs "
                     f"{size} recorded functions): the coverage floor"
                 )
+        for place, test in enumerate(ordered[PER_FUNCTION:], start=1):
+            found = by_id[test]
+            size, depth, name = runs[test]
+            at = (place, size, depth, name)
+            if found in taken:
+                continue
+            if found not in later or at < later[found]:
+                later[found] = at
+                calls = "directly" if depth == 1 else f"{depth} calls deep"
+                floor.why[found] = (
+                    f"executed changed {symbol} ({calls}; runs {size} recorded functions): "
+                    "tests that executed a changed function go ahead of the ranking"
+                )
     floor.tests = sorted(taken, key=rank.__getitem__)
+    floor.executed = sorted((t for t in later if t not in taken), key=later.__getitem__)
     return floor

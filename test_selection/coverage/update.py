@@ -1,19 +1,25 @@
 """Bringing a coverage map forward to a newer revision by running only what may have changed.
 
 A test's record can only change if code it executed changed (or the test itself did): every
-function it ran is in the map, by file. So from a map at revision A to revision B, the test
-files to run again are those B changed, and those holding a test that executed a function
-in a file B changed; every other test's record is kept as it was. Changes that reach tests
-no function record shows run more again: a ``conftest.py`` every test file below its
-folder, a change to pytest's own configuration everything. What this cannot see: a test
-that reads a data file the change edited without calling changed code.
+function it ran is in the map. So from a map at revision A to revision B, the test files to
+run again are those B changed, and those holding a test that executed a function whose body
+B changed (as pytest-testmon does, by comparing each function between the two revisions,
+here by its parsed form); every other test's record is kept as it was. A change that is not
+confined to function bodies (a module-level statement, a class attribute, a def's signature
+or decorators, a file that does not parse) counts as a change to every function of its
+file. Changes that reach tests no function record shows run more again: a ``conftest.py``
+every test file below its folder, a change to pytest's own configuration everything. What
+this cannot see: a test that reads a data file the change edited without calling changed
+code.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import ast
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from test_selection.change_analysis import changed_symbols
 from test_selection.coverage.map import CoverageMap
 from test_selection.layout import below, conftest_scopes
 
@@ -31,16 +37,47 @@ def test_file(test: str) -> str:
     return test.split("::", 1)[0]
 
 
+def _skeleton(tree: ast.Module) -> str:
+    """The module with every function body emptied: what must be equal for a change to be
+    confined to function bodies."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            node.body = [ast.Pass()]
+    return ast.dump(tree)
+
+
+def changed_bodies(path: str, old: bytes | None, new: bytes | None) -> set[str] | None:
+    """The qualified names of the defs of one Python file whose bodies differ between two
+    versions, or None when the change is not confined to function bodies (see the module
+    docstring): then every function of the file counts as changed."""
+    if old is None or new is None:
+        return None
+    try:
+        before, after = ast.parse(old, filename=path), ast.parse(new, filename=path)
+    except (SyntaxError, ValueError):
+        return None
+    if _skeleton(before) != _skeleton(after):
+        return None
+    return changed_symbols(path, old, new)
+
+
+def _executed_changed(qualname: str, names: set[str]) -> bool:
+    """Whether a recorded function is one of the changed defs or nested in one."""
+    return qualname in names or any(qualname.startswith(name + ".") for name in names)
+
+
 def plan_update(
     old: CoverageMap,
     changed: Iterable[str],
     test_files: set[str],
     is_test: Callable[[str], bool],
     settings_changed: str | None = None,
+    bodies: Mapping[str, set[str] | None] | None = None,
 ) -> Update:
     """The update from ``old`` given the paths changed since its revision, the test files
-    of the new revision, and the configuration file whose pytest settings changed (if
-    one did)."""
+    of the new revision, the configuration file whose pytest settings changed (if one
+    did), and per changed Python file the defs whose bodies alone changed
+    (``changed_bodies``; a file missing or None: all of its functions)."""
     changed = set(changed)
     if settings_changed:
         return Update(None, {}, f"pytest's settings in {settings_changed} changed: all run again")
@@ -50,9 +87,19 @@ def plan_update(
     for _conftest, folder in conftest_scopes(changed):
         rerun |= {t for t in test_files if below(folder, t)}
     code = {p for p in changed if p.endswith(".py")}
+    bodies = bodies or {}
+
+    def touched(function: tuple[str, str]) -> bool:
+        path, qualname = function
+        if path not in code:
+            return False
+        names = bodies.get(path)
+        return names is None or _executed_changed(qualname, names)
+
+    narrowed = sum(1 for p in code if bodies.get(p) is not None)
     for test, functions in old.tests.items():
         file = test_file(test)
-        if file in test_files and file not in rerun and any(f in code for f, _q in functions):
+        if file in test_files and file not in rerun and any(map(touched, functions)):
             rerun.add(file)
     kept = {
         test: dict(functions)
@@ -63,7 +110,13 @@ def plan_update(
         sorted(rerun),
         kept,
         f"{len(rerun)} test file(s) run again (changed, or a test of them executed a changed "
-        f"file), {len(kept)} test(s) kept from {old.revision[:12]}",
+        f"function), {len(kept)} test(s) kept from {old.revision[:12]}"
+        + (
+            f"; {narrowed} of the {len(code)} changed Python file(s) changed function bodies "
+            "only (the rest count as changed in every function)"
+            if code
+            else ""
+        ),
     )
 
 
