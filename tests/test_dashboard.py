@@ -589,6 +589,43 @@ def test_run_page_says_which_ranking_the_backtest_chose(relay: Relay, store: Sto
     assert "ranking hand weights" in text_of(page(relay, f"/runs/{old.id}"))
 
 
+def test_run_page_shows_the_coverage_floor_and_the_executing_tests_it_took(
+    relay: Relay, store: Store
+) -> None:
+    coverage = {
+        "revision": sha(7),
+        "used": "unused",
+        "recorded_at": "2026-12-01T02:00:00+00:00",
+        "commits_behind": 4,
+        "changed_functions": 3,
+        "known_functions": ["pkg/a.py:f", "pkg/a.py:g"],
+        "tests_reached": 9,
+        "floor": {
+            "tests": ["t/test_a.py::test_f", "t/test_a.py::test_g"],
+            "executed": 7,
+            "executed_taken": 3,
+            "reached": ["pkg/a.py:f", "pkg/a.py:g"],
+            "unreached": [],
+            "unknown": ["pkg/b.py:new"],
+            "skipped": "",
+        },
+    }
+    run = store.run(store.change(sha(44)), "cpu", plan={**PLAN, "coverage": coverage})
+    store.session.commit()
+    text = text_of(page(relay, f"/runs/{run.id}"))
+    for expected in (
+        "not used to rank: the backtest found no gain (the floor still uses it)",
+        "coverage floor 2 test(s) reach 2 changed function(s), each by its most specific test, "
+        "then 3 more that executed one; not reached: pkg/b.py:new",
+    ):
+        assert expected in text, (expected, text[:3000])
+    # a plan whose floor took nothing past the most specific tests says nothing more
+    coverage["floor"] = {**coverage["floor"], "executed_taken": 0}
+    plain = store.run(store.change(sha(45)), "cpu", plan={**PLAN, "coverage": coverage})
+    store.session.commit()
+    assert "more that executed one" not in text_of(page(relay, f"/runs/{plain.id}"))
+
+
 def test_run_page_before_selection(relay: Relay, store: Store) -> None:
     run = store.run(store.change(sha(41)), "cpu", state="pending", conclusion=None)
     store.session.commit()

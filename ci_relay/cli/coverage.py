@@ -169,7 +169,7 @@ def record(
 def _update_from(since: Path, upstream: Path, sha: str, repository: str | None) -> tuple[Any, Any]:
     """What ``--since MAP`` runs again and keeps (``coverage_update.plan_update``)."""
     from test_selection.coverage.map import CoverageMap, CoverageMapError
-    from test_selection.coverage.update import changed_bodies, plan_update
+    from test_selection.coverage.update import changes_between, plan_update
     from test_selection.git import GitError, Repo
     from test_selection.inventory import is_test_path
     from test_selection.layout import (
@@ -190,22 +190,10 @@ def _update_from(since: Path, upstream: Path, sha: str, repository: str | None) 
     if older.repository and older.repository != name:
         raise _fail(f"--since: the map is of {older.repository!r}, this upstream is {name!r}")
     try:
-        raw = repo.text(
-            "diff", "--raw", "-z", "--no-abbrev", "--no-renames", "--end-of-options",
-            older.revision, sha,
-        ).split("\0")  # fmt: skip
+        changed, bodies = changes_between(repo, older.revision, sha)
         files = repo.text("ls-tree", "-r", "-z", "--name-only", "--end-of-options", sha)
-        # ":MODE MODE OLD NEW STATUS" then the path: both versions of each Python file
-        blobs = {
-            path: (meta.split()[2], meta.split()[3])
-            for meta, path in zip(raw[0::2], raw[1::2], strict=False)
-            if meta.startswith(":")
-        }
-        wanted = [b for p, pair in blobs.items() if p.endswith(".py") for b in pair]
-        contents = repo.read_blobs([b for b in wanted if b.strip("0")])
     except GitError as exc:
         raise _fail(f"--since: the map's revision {older.revision[:12]}: {exc}") from None
-    changed = list(blobs)
     patterns = detect_layout(repo, sha).patterns
     # the files to run again are named to pytest, which then enters folders it never walks
     # into (norecursedirs): those are left out as a plain run leaves them
@@ -215,13 +203,7 @@ def _update_from(since: Path, upstream: Path, sha: str, repository: str | None) 
         p for p in files.split("\0") if p and is_test_path(p, patterns) and recursed(p, skipped)
     }
     settings = settings_change(pytest_settings(repo, older.revision), now)
-    paths = [p for p in changed if p]
-    bodies = {
-        p: changed_bodies(p, contents.get(pair[0]), contents.get(pair[1]))
-        for p, pair in blobs.items()
-        if p.endswith(".py")
-    }
-    update = plan_update(older, paths, tests, lambda p: p in tests, settings, bodies)
+    update = plan_update(older, changed, tests, lambda p: p in tests, settings, bodies)
     return update, older
 
 

@@ -134,6 +134,7 @@ def _coverage(value: Any) -> CoverageView | None:
         used=USES.get(str(value.get("used") or ""), ""),
         floor_tests=len(floor.get("tests") or []),
         floor_reached=len(floor.get("reached") or []),
+        floor_executed=int(_number(floor.get("executed_taken"))),
         floor_missed=[str(m) for m in missed][:20],
         floor_skipped=str(floor.get("skipped") or ""),
     )
@@ -142,7 +143,7 @@ def _coverage(value: Any) -> CoverageView | None:
 # how a plan ranked with its map (``CoverageUse.used``), as the run page says it
 USES = {
     "hand": "as evidence beside the hand weights",
-    "unused": "not used to rank: the backtest found no gain",
+    "unused": "not used to rank: the backtest found no gain (the floor still uses it)",
     "reached-first": "its tests first in their files (the backtest found a gain)",
     "reached-files": "its files and tests first (the backtest found a gain)",
 }

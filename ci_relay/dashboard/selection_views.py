@@ -86,6 +86,7 @@ class CoverageView:
     # the coverage floor: changed functions reached by their most specific test, and not
     floor_tests: int = 0
     floor_reached: int = 0
+    floor_executed: int = 0  # the other executing tests the plan took past the floor
     floor_missed: list[str] = field(default_factory=list)
     floor_skipped: str = ""
 

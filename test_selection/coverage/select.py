@@ -80,7 +80,8 @@ class CoverageUse:
             return (
                 "coverage map not used to rank: replayed on the repository's recent commits, "
                 "it found no more edited tests than the ranking without it (the coverage "
-                "floor below still uses it)"
+                "floor below still uses it, and the other tests that executed a changed "
+                "function still go ahead of the ranking)"
             )
         if self.used == "reached-files":
             return (

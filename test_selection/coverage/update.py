@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from test_selection.change_analysis import changed_symbols
 from test_selection.coverage.map import CoverageMap
+from test_selection.git import Repo
 from test_selection.layout import below, conftest_scopes
 
 
@@ -59,6 +60,28 @@ def changed_bodies(path: str, old: bytes | None, new: bytes | None) -> set[str] 
     if _skeleton(before) != _skeleton(after):
         return None
     return changed_symbols(path, old, new)
+
+
+def changes_between(repo: Repo, old: str, new: str) -> tuple[list[str], dict[str, set[str] | None]]:
+    """The paths changed from ``old`` to ``new`` and, per Python file among them, the defs
+    whose bodies alone changed (``changed_bodies``), both versions read in one batch."""
+    raw = repo.text(
+        "diff", "--raw", "-z", "--no-abbrev", "--no-renames", "--end-of-options", old, new
+    ).split("\0")  # fmt: skip
+    # ":MODE MODE OLD NEW STATUS" then the path
+    blobs = {
+        path: (meta.split()[2], meta.split()[3])
+        for meta, path in zip(raw[0::2], raw[1::2], strict=False)
+        if meta.startswith(":") and path
+    }
+    wanted = [b for p, pair in blobs.items() if p.endswith(".py") for b in pair if b.strip("0")]
+    contents = repo.read_blobs(sorted(set(wanted)))
+    bodies = {
+        p: changed_bodies(p, contents.get(pair[0]), contents.get(pair[1]))
+        for p, pair in blobs.items()
+        if p.endswith(".py")
+    }
+    return list(blobs), bodies
 
 
 def _executed_changed(qualname: str, names: set[str]) -> bool:
