@@ -202,7 +202,7 @@ def replay(
     map_path: str | None = None,
     rolling: dict[str, str] | None = None,
     progress: str | None = None,
-    sweeps: bool = False,
+    sweeps: bool | None = None,
     floor: bool = True,
     executed_share: float = EXECUTED_SHARE,
 ) -> dict[str, Any]:
@@ -313,6 +313,7 @@ def replay(
                         "seconds": seconds,
                         "ranking": plan.ranking.get("chosen", "hand"),
                         "coverage": plan.ranking.get("coverage", ""),
+                        "sweeps": bool(plan.ranking.get("sweeps")),
                         "known": len(plan.coverage.get("known_functions", [])),
                         "lag": plan.coverage.get("commits_behind"),
                         "agent": plan.agent,
@@ -560,8 +561,10 @@ def main() -> int:
     )
     ap.add_argument(
         "--sweeps",
-        action="store_true",
-        help="select with sweeps run whole (SelectorConfig.sweeps, off by default)",
+        choices=("backtest", "on", "off"),
+        default="backtest",
+        help="sweeps run whole (SelectorConfig.sweeps): as the backtest finds (the default), "
+        "always, or never",
     )
     ap.add_argument(
         "--no-floor",
@@ -657,7 +660,7 @@ def main() -> int:
                     str(Path(args.progress) / f"{Path(r).resolve().name}.jsonl")
                     if args.progress
                     else None,
-                    args.sweeps,
+                    {"on": True, "off": False}.get(args.sweeps),
                     not args.no_floor,
                     args.executed_share,
                 )
@@ -776,8 +779,13 @@ def main() -> int:
             key = f"w{best}{family}@0.15"
             rankings: dict[str, int] = defaultdict(int)
             for r in result["rows"]:
-                used = r["results"][key].get("coverage")
-                rankings[r["results"][key].get("ranking", "?") + (f" {used}" if used else "")] += 1
+                got = r["results"][key]
+                used = got.get("coverage")
+                rankings[
+                    got.get("ranking", "?")
+                    + (f" {used}" if used else "")
+                    + (" sweeps" if got.get("sweeps") else "")
+                ] += 1
             causes = misses(result["rows"], key)
             tests = missed_tests(result["rows"], key)
             label = f"{name}{f' with {FAMILY_NAMES[family]}' if family else ''}"

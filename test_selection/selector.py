@@ -76,12 +76,19 @@ class SelectorConfig:
     # every test the change can be shown to reach (safe.py)
     mode: str = "ranked"
     floor: bool = True  # False: no coverage floor (the bench measures what it adds)
-    # True: a file most of whose tests reach the change runs whole (sweeps.py); off until the
-    # backtest sets its threshold: by changed names alone it cost attrs 0.043 of edited-test
-    # recall at 15 % (bench/README.md)
-    sweeps: bool = False
+    # a file most of whose tests reach the change runs whole (sweeps.py): None as the
+    # backtest found on the repository's own commits (on attrs, always on cost 0.043 of
+    # edited-test recall at 15 %: bench/README.md); True or False to force it
+    sweeps: bool | None = None
     # of the budget the tests that executed a changed function (past the floor) may take
     executed_share: float = EXECUTED_SHARE
+
+
+def _sweeps(config: SelectorConfig, choice: RankingChoice | None) -> bool:
+    """Whether sweeps run whole: as configured, else as the backtest found."""
+    if config.sweeps is not None:
+        return config.sweeps
+    return choice is not None and choice.sweeps
 
 
 def spec_universe(
@@ -313,7 +320,13 @@ def select(
     placed = (
         safe_plan(repo, inputs)
         if safe
-        else ranked_plan(inputs, config.budget, config.floor, config.sweeps, config.executed_share)
+        else ranked_plan(
+            inputs,
+            config.budget,
+            config.floor,
+            _sweeps(config, ranking.choice),
+            config.executed_share,
+        )
     )
     clock.lap("plan")
     plan = TestPlan(

@@ -16,7 +16,7 @@ from typing import Any
 from test_selection.ranking.agent_check import AgentVerdict
 from test_selection.ranking.choice import RankingChoice
 
-FORMAT = 3  # 2: the test model; 3: the classes moved to test_selection.ranking
+FORMAT = 4  # 2: the test model; 3: the classes moved to test_selection.ranking; 4: sweeps
 
 
 class ChoiceCache:

@@ -9,7 +9,7 @@ against (``replay.py``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from test_selection.coverage.map import Reach
@@ -21,6 +21,7 @@ from test_selection.ranking.allocation import (
 from test_selection.ranking.history import History
 from test_selection.ranking.model_replay import ReplayCase
 from test_selection.ranking.test_model import ChangeTerms, TestText, change_terms
+from test_selection.sweeps import MIN_TESTS, is_sweep, sweep_names
 from test_selection.test_bodies import diff_words, split_tests
 
 log = logging.getLogger("test_selection.backtest")
@@ -248,3 +249,20 @@ def replay_case(case: Case, reach: Mapping[str, Mapping[str, Reach]] | None) -> 
         case.edited_at,
         reach,
     )
+
+
+def case_sweeps(case: Case, tokens: Mapping[str, Sequence[frozenset[str]]]) -> tuple[str, ...]:
+    """The test files a past case would have run whole as a sweep (``sweeps.py``: most of
+    their tests use a def the change touched), the most reached share first, as the plan
+    takes them; its own test files as they were before it, the others as they are now."""
+    names = frozenset(sweep_names(case.terms.defs if case.terms is not None else ()))
+    if not names:
+        return ()
+    found = []
+    for path, tests in {**tokens, **case.before}.items():
+        if len(tests) < MIN_TESTS:
+            continue
+        reached = sum(1 for toks in tests if names & toks)
+        if is_sweep(reached, len(tests)):
+            found.append((-reached / len(tests), len(tests), path))
+    return tuple(path for _share, _n, path in sorted(found))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from test_selection.coverage.map import CoverageIndex
@@ -32,7 +32,14 @@ from test_selection.ranking.allocation import (
     WHOLE,
     Calibration,
 )
-from test_selection.ranking.cases import Case, build_cases, replay_case, with_reach
+from test_selection.ranking.cases import (
+    Case,
+    build_cases,
+    case_sweeps,
+    replay_case,
+    with_reach,
+)
+from test_selection.ranking.figures import Figures
 from test_selection.ranking.history import History
 from test_selection.ranking.inputs import RankingInputs
 from test_selection.ranking.learned import Ranker, fit
@@ -55,66 +62,9 @@ REFIT_EVERY = 50  # commits of history an anchor serves
 
 TIE = 0.005  # a candidate must beat the earlier (simpler) ones by this much
 
-COVERAGE_LABELS = {
-    "": "",
-    REACHED_FIRST: ", tests the coverage map reaches first",
-    REACHED_FILES: ", files and tests the coverage map reaches first",
-}
-
-MODEL_COVERAGE_LABELS = {
-    "": "",
-    REACHED_FIRST: " reading the coverage map",
-    REACHED_FILES: " reading the coverage map, files it reaches first",
-}
-
-
 # the winner may not find fewer edited test files, or fewer edited tests, than history
 # counting taking whole files (the plain baseline) did on the same commits, by more than
 TOLERANCE = 0.02
-
-
-@dataclass(frozen=True)
-class Figures:
-    """What one candidate ranking found on the backtest."""
-
-    name: str
-    description: str
-    file_recall: float
-    test_recall: float
-    allocation: str = SPREAD
-    coverage: str = ""  # "", REACHED_FIRST or REACHED_FILES: how the coverage map is used
-
-    @property
-    def objective(self) -> float:
-        return self.file_recall + self.test_recall
-
-    @property
-    def label(self) -> str:
-        if self.allocation == MODEL:
-            return (
-                self.description
-                + ", tests by the test model"
-                + MODEL_COVERAGE_LABELS[self.coverage]
-            )
-        return (
-            self.description
-            + (", whole files" if self.allocation == WHOLE else "")
-            + COVERAGE_LABELS[self.coverage]
-        )
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}/{self.allocation}/{self.coverage}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ranking": self.name,
-            "allocation": self.allocation,
-            "coverage": self.coverage,
-            "description": self.label,
-            "file_recall": round(self.file_recall, 4),
-            "edited_test_recall": round(self.test_recall, 4),
-        }
 
 
 @dataclass
@@ -135,6 +85,7 @@ class RankingChoice:
     allocation: str = SPREAD
     coverage: str = ""  # how the coverage map is used ("": not at all)
     test_model: TestModel | None = None  # with allocation MODEL: fitted up to the anchor
+    sweeps: bool = False  # the backtest found more with sweeps run whole (sweeps.py)
 
     def ranker(
         self,
@@ -161,6 +112,7 @@ class RankingChoice:
             "backtest_commits": self.cases,
             "anchor": self.anchor,
             "budget_fraction": round(self.fraction, 4),
+            "sweeps": self.sweeps,
             "candidates": [f.to_json() for f in self.figures],
             "agent": self.agent.note() if self.agent else None,
         }
@@ -218,6 +170,8 @@ class _Backtest:
     with_map: list[Figures] = field(default_factory=list)
     calibrations: dict[str, Calibration] = field(default_factory=dict)  # by Figures.key
     models: dict[str, TestModel] = field(default_factory=dict)  # by coverage use
+    # by Figures.key: what its replay was given, to replay it again with sweeps
+    given: dict[str, tuple[Ranked, dict[str, Any]]] = field(default_factory=dict)
 
     def measure(
         self,
@@ -233,20 +187,46 @@ class _Backtest:
         replay: ModelReplay | None = None,
     ) -> None:
         """Replay one candidate under one budget rule and keep its figures."""
-        file_recall, test_recall, calibration = evaluate(
-            ranked_cases,
-            self.cases if cases is None else cases,
-            self.sizes,
-            self.shared if shared is None else shared,
-            self.fraction,
-            self.file_weight,
-            allocation,
-            reached,
-            replay,
-        )
+        given = {
+            "cases": self.cases if cases is None else cases,
+            "shared": self.shared if shared is None else shared,
+            "allocation": allocation,
+            "reached": reached,
+            "replay": replay,
+        }
+        file_recall, test_recall, calibration = self._evaluate(ranked_cases, given)
         fig = Figures(name, description, file_recall, test_recall, allocation, use)
         (self.with_map if use else self.figures).append(fig)
         self.calibrations[fig.key] = calibration
+        self.given[fig.key] = (ranked_cases, given)
+
+    def _evaluate(
+        self,
+        ranked_cases: Ranked,
+        given: Mapping[str, Any],
+        sweeps: Sequence[Sequence[str]] | None = None,
+    ) -> tuple[float, float, Calibration]:
+        return evaluate(
+            ranked_cases,
+            given["cases"],
+            self.sizes,
+            given["shared"],
+            self.fraction,
+            self.file_weight,
+            given["allocation"],
+            given["reached"],
+            given["replay"],
+            sweeps,
+        )
+
+    def with_sweeps(self, best: Figures, sweeps: Sequence[Sequence[str]]) -> Figures:
+        """The winner replayed again with each case's sweeps run whole first."""
+        ranked_cases, given = self.given[best.key]
+        file_recall, test_recall, _calibration = self._evaluate(ranked_cases, given, sweeps)
+        fig = replace(best, file_recall=file_recall, test_recall=test_recall, sweeps=True)
+        (self.with_map if best.coverage else self.figures).append(fig)
+        self.calibrations[fig.key] = self.calibrations[best.key]
+        return fig
 
 
 def choose(
@@ -287,6 +267,7 @@ def choose(
     if coverage is not None:
         _measure_with_map(backtest, replays, reach, inputs.texts, read)
     best = _pick(backtest.figures, backtest.with_map)
+    best = _sweeps(backtest, best, [case_sweeps(c, inputs.tokens) for c in cases])
     live = None
     if "learned" in best.name:
         live, _why = fit(
@@ -310,6 +291,7 @@ def choose(
         allocation=best.allocation,
         coverage=best.coverage,
         test_model=backtest.models.get(best.coverage) if best.allocation == MODEL else None,
+        sweeps=best.sweeps,
     )
 
 
@@ -500,6 +482,18 @@ def _pick(figures: Sequence[Figures], with_map: Sequence[Figures]) -> Figures:
             and fig.objective > best.objective + TIE
         ):
             best = fig
+    return best
+
+
+def _sweeps(backtest: _Backtest, best: Figures, sweeps: list[tuple[str, ...]]) -> Figures:
+    """The winner with sweeps run whole (``sweeps.py``) when that finds more of both
+    together on the same commits, losing no more than ``TOLERANCE`` of edited test files;
+    else the winner as it is. Whole files already run whole: nothing to replay."""
+    if best.allocation == WHOLE or not any(sweeps):
+        return best
+    swept = backtest.with_sweeps(best, sweeps)
+    if swept.file_recall >= best.file_recall - TOLERANCE and swept.objective > best.objective + TIE:
+        return swept
     return best
 
 

@@ -180,6 +180,20 @@ def whole_counts(order: Sequence[str], sizes: Mapping[str, int], budget: float) 
     return counts
 
 
+def _swept(
+    files: Sequence[str], ranked: Mapping[str, int], sizes: Mapping[str, int], budget: float
+) -> dict[str, int]:
+    """The sweep files taken whole, in order, while the budget holds each in full."""
+    left = round(budget)
+    out: dict[str, int] = {}
+    for f in files:
+        n = sizes.get(f, 0)
+        if f in ranked and 0 < n <= left:
+            out[f] = n
+            left -= n
+    return out
+
+
 def evaluate(
     ranked: list[tuple[list[str], dict[str, int]]],
     cases: Sequence[Case],
@@ -190,11 +204,13 @@ def evaluate(
     allocation: str = SPREAD,
     reached: Sequence[Mapping[str, int]] | None = None,
     replay: ModelReplay | None = None,
+    sweeps: Sequence[Sequence[str]] | None = None,
 ) -> tuple[float, float, Calibration]:
     """File and edited-test recall of one ranking over the cases, each case planned with
     the rank chances measured on the *other* cases (no case grades itself). ``reached``:
     per case, the tests of each file a coverage map puts first (``with_reach``);
-    ``replay``: with allocation MODEL, the test model's chances per case."""
+    ``replay``: with allocation MODEL, the test model's chances per case; ``sweeps``: per
+    case, the files to run whole first while the budget holds them (``case_sweeps``)."""
     hits: dict[int, float] = defaultdict(float)
     seen: dict[int, float] = defaultdict(float)
     own: list[tuple[dict[int, float], dict[int, float]]] = []
@@ -223,22 +239,25 @@ def evaluate(
         case_sizes.update({f: n for f, (n, _e) in case.truth.items()})
         total = sum(case_sizes.get(f, 0) for f in file_buckets)
         positions = {f: edited for f, (_n, edited) in case.truth.items()}
+        budget = fraction * total
+        swept = _swept(sweeps[k] if sweeps is not None else (), file_buckets, case_sizes, budget)
+        budget -= sum(swept.values())
+        rest = {f: b for f, b in file_buckets.items() if f not in swept}
         if allocation == WHOLE:
-            counts = whole_counts(order, case_sizes, fraction * total)
+            counts = whole_counts([f for f in order if f not in swept], case_sizes, budget)
         elif allocation == MODEL and replay is not None:
-            counts = model_counts(
-                file_buckets, case_sizes, loo, fraction * total, file_weight, replay, k
-            )
+            counts = model_counts(rest, case_sizes, loo, budget, file_weight, replay, k)
             positions.update(replay.edited[k])
         else:
             counts = allocate_counts(
-                file_buckets,
+                rest,
                 case_sizes,
                 loo,
-                fraction * total,
+                budget,
                 file_weight,
                 reached[k] if reached is not None else None,
             )
+        counts.update(swept)
         for f, edited in positions.items():
             if f not in file_buckets:
                 continue
