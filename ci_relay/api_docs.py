@@ -105,11 +105,32 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     why = {
         400: "malformed request: a missing or bad header, a body that is not a JSON object",
         401: "missing or wrong signature or token",
+        404: "no such row",
+        409: "the row is not in a state that allows it (the message says which)",
         413: "body over the size limit (counted while streaming)",
         422: "a field has the wrong shape; the message names it",
     }
     return {code: {"model": ErrorBody, "description": why[code]} for code in codes}
 
+
+# a write route with a path parameter: its body's refusals say {"error": ...}, FastAPI's own
+# check of the path (a run id that is not a database id) says {"detail": [...]}
+INVALID_BODY_OR_PATH: dict[int | str, dict[str, Any]] = {
+    422: {
+        "description": 'a body field has the wrong shape ({"error"}: the message names it), '
+        'or the path parameter is not an id ({"detail"}, FastAPI\'s own)',
+        "content": {
+            "application/json": {
+                "schema": {
+                    "anyOf": [
+                        ErrorBody.model_json_schema(),
+                        {"$ref": "#/components/schemas/HTTPValidationError"},
+                    ]
+                }
+            }
+        },
+    }
+}
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ci_relay.cli import backends, coverage, images, run, service, specs, upgrade
+from ci_relay.cli import backends, coverage, images, rerun, run, service, specs, upgrade
 from ci_relay.cli import report as report_commands
 from ci_relay.cli import select as select_commands
 
@@ -22,3 +22,4 @@ app.add_typer(backends.backends_app, name="backends")
 app.add_typer(coverage.coverage_app, name="coverage")
 app.add_typer(service.commands)
 app.add_typer(upgrade.commands)
+app.add_typer(rerun.commands)

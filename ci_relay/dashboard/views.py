@@ -305,6 +305,15 @@ class RunInfo:
     triage_state: str | None = None  # pending | running | done | failed; None: not triaged
     triage_tests: list[dict[str, Any]] = field(default_factory=list)  # a verdict per test
     triage_seconds: float = 0.0  # device time its checks took
+    rerun_of: int | None = None  # queued again by hand: the run it recovers
+    rerun_scope: str | None = None  # "all" (its plan) or "failed" (its failed shards)
+
+    @property
+    def recoverable(self) -> bool:
+        """Whether it may be queued again (``POST /api/runs/{id}/rerun``): finished, not passed."""
+        return self.state == "failed" or (
+            self.state == "completed" and self.conclusion not in ("success", "neutral", "skipped")
+        )
 
 
 @dataclass(frozen=True)

@@ -346,11 +346,12 @@ def install(
     audit_log: AuditLog,
 ) -> None:
     """Mount the intake's routes on ``app`` with what they share."""
-    from ci_relay.intake import upgrades
+    from ci_relay.intake import reruns, upgrades
 
     app.state.intake = Intake(rt, metrics, enqueue, audit_log)
     app.include_router(router)
     app.include_router(upgrades.router)
+    app.include_router(reruns.router)
 
 
 def tokens_match(a: str, b: str) -> bool:

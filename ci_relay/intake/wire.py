@@ -32,6 +32,25 @@ class UpgradeAccepted(BaseModel):
     state: str
 
 
+class RerunRequest(BaseModel):
+    """``POST /api/runs/{id}/rerun``: queue a finished run that did not pass again."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    failed_only: bool = Field(
+        default=False, description="run again only the shards that failed, not the whole plan"
+    )
+
+
+class RerunAccepted(BaseModel):
+    id: int
+    attempt: int
+    rerun_of: int
+    scope: str
+    url: str
+    state: str
+
+
 class DispatchEnvelope(BaseModel):
     """What PyTorch's Cross-Repository CI Relay sends downstream (``client_payload``)."""
 

@@ -66,6 +66,9 @@ def select_tests(rt: RelayContext, run_id: int, stale_after: timedelta) -> list[
             job, side = _upgrade_of(session, run.change_id)
             if job is not None:
                 fixed = upgrade_plan_json(job.plan, side, rt.settings.shards_per_run)
+        again = _rerun_plan(session, run)
+    if again is not None:  # queued again by hand: the recovered run's plan, not a new one
+        return _start(rt, run_id, "rerun", again[0], again[1], backend)
     if upgrade:
         if fixed is None:
             return _run_failed(rt, run_id, "selection failed: its upgrade job is gone")
@@ -96,6 +99,34 @@ def _upgrade_of(session: Session, change_id: int) -> tuple[Upgrade | None, str]:
         )
     ).first()
     return job, "base" if job is not None and job.base_change_id == change_id else "head"
+
+
+def _rerun_plan(session: Session, run: Run) -> tuple[dict[str, Any], list[list[str]]] | None:
+    """A rerun's plan and shards: the recovered run's, whole or its failed shards only
+    (None: not a rerun, or the recovered run never got a plan, so it is selected anew)."""
+    from ci_relay.intake.reruns import FAILED, failed_shards
+
+    if run.rerun_of is None:
+        return None
+    first = session.get(Run, run.rerun_of)
+    if first is None or first.selection is None:
+        return None
+    plan = dict(first.selection.plan)
+    shards = {s.index: list(s.test_files) for s in first.shards}
+    if run.rerun_scope == FAILED:
+        keep = set(failed_shards(first))
+        shards = {i: tests for i, tests in shards.items() if i in keep}
+        chosen = {t for tests in shards.values() for t in tests}
+        plan["selected"] = [t for t in plan.get("selected", []) if t.get("test") in chosen]
+    plan["shards"] = [shards[i] for i in sorted(shards)]
+    plan["rerun"] = {"of": first.id, "scope": run.rerun_scope, "attempt": run.attempt}
+    plan["notes"] = [
+        f"run {first.id} (attempt {first.attempt}) queued again by hand: "
+        + ("its failed shards" if run.rerun_scope == FAILED else "its plan")
+        + " run again, not selected anew",
+        *plan.get("notes", []),
+    ]
+    return plan, plan["shards"]
 
 
 def _start(

@@ -55,6 +55,8 @@ def run_json(run: Run, with_results: bool = False) -> dict[str, Any]:
         "change_id": run.change_id,
         "backend": run.backend,
         "attempt": run.attempt,
+        "rerun_of": run.rerun_of,
+        "rerun_scope": run.rerun_scope,
         "level": run.level,
         "state": run.state,
         "conclusion": run.conclusion,

@@ -153,6 +153,10 @@ class Run(Base):
     )
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # queued again by hand: the run it recovers, and what of it runs again ("all": its
+    # plan; "failed": its failed shards), without selecting anew
+    rerun_of: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    rerun_scope: Mapped[str | None] = mapped_column(String(8))
 
     change: Mapped[Change] = relationship(back_populates="runs")
     selection: Mapped[Selection | None] = relationship(back_populates="run")

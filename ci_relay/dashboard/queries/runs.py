@@ -114,6 +114,8 @@ def _runs(
             Run.created_at,
             Run.started_at,
             Run.finished_at,
+            Run.rerun_of,
+            Run.rerun_scope,
             Change.repository,
             Change.head_sha,
             Change.number,
