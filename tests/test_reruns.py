@@ -237,3 +237,34 @@ def test_the_run_page_button_queues_a_failed_run_again_in_a_browser(relay: Relay
         expect(page.locator("h1")).to_contain_text(f"Run {first}")
         browser.close()
     assert _runs(relay) == 3
+
+
+def test_a_rerun_reports_the_same_job_s_next_attempt(relay: Relay) -> None:
+    import json
+
+    from ci_relay.reporting.build import load_facts, render_callback
+
+    first = _failed_run(relay)
+    one = relay.client.post(f"/api/runs/{first}/rerun", headers=AUTH).json()
+    _select(relay, one["id"])
+    with relay.rt.db.session() as session:  # the second attempt failed too: a third
+        second = session.get(Run, one["id"])
+        assert second is not None
+        second.state, second.conclusion = "completed", "failure"
+        for shard in second.shards:
+            shard.state, shard.exit_code = "done", 1
+    two = relay.client.post(f"/api/runs/{one['id']}/rerun", headers=AUTH).json()
+    assert two["attempt"] == 3
+    settings = relay.rt.settings
+    with relay.rt.db.session() as session:
+        sent = {
+            run: json.loads(
+                render_callback(load_facts(session, run, True), settings, "completed", 1 << 20)
+            )["workflow"]
+            for run in (first, one["id"], two["id"])
+        }
+    # one job: the first attempt's run id throughout, a check run and attempt number each
+    assert [w["run_id"] for w in sent.values()] == [first] * 3
+    assert [w["run_attempt"] for w in sent.values()] == [1, 2, 3]
+    assert [w["check_run_id"] for w in sent.values()] == [first, one["id"], two["id"]]
+    assert len({w["job_name"] for w in sent.values()}) == 1

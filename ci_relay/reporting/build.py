@@ -53,6 +53,18 @@ class Failure:
     details: str | None = None
 
 
+def _first_attempt(session: Session, run: Run) -> int:
+    """The id of the run a chain of reruns by hand started from (0: ``run`` is not a rerun)."""
+    first, seen = run, {run.id}
+    while first.rerun_of is not None and first.rerun_of not in seen:
+        earlier = session.get(Run, first.rerun_of)
+        if earlier is None:
+            break
+        first = earlier
+        seen.add(first.id)
+    return first.id if first.id != run.id else 0
+
+
 @dataclass(frozen=True)
 class RunFacts:
     """What a report says about a run, read in one session."""
@@ -79,6 +91,13 @@ class RunFacts:
     spec_drift: list[str] = field(default_factory=list)
     # triage's advisory verdict on the failures, once it finished (an update after the report)
     verdict: TriageVerdict | None = None
+    # the first attempt's run id: a run queued again by hand (``rerun_of``) is the same job's
+    # next attempt, as a re-run on GitHub keeps its workflow run id (0: this run is the first)
+    first_run_id: int = 0
+
+    @property
+    def workflow_run_id(self) -> int:
+        return self.first_run_id or self.run_id
 
     @property
     def failed_total(self) -> int:
@@ -112,6 +131,7 @@ def load_facts(session: Session, run_id: int, with_failures: bool) -> RunFacts:
         )
     )
     return RunFacts(
+        first_run_id=_first_attempt(session, run),
         run_id=run.id,
         attempt=run.attempt,
         backend=run.backend,
@@ -175,8 +195,9 @@ def workflow(
     budget: Budget,
     verdict: TriageVerdict | None = None,
 ) -> Workflow:
-    """The callback's ``workflow``. ``run_id`` and ``check_run_id`` are our run id: stable
-    between the in_progress and completed reports, new for each attempt, as on GitHub."""
+    """The callback's ``workflow``. ``check_run_id`` is our run id: stable between the
+    in_progress and completed reports, new for each attempt, as on GitHub; ``run_id`` is the
+    first attempt's, kept by a run queued again by hand, as a re-run on GitHub keeps it."""
     completed = event == "completed"
     failures = facts.failures[: budget.entries] if completed else []
     return Workflow(
@@ -185,7 +206,7 @@ def workflow(
         conclusion=CONCLUSIONS.get(facts.conclusion or "", "failure") if completed else None,
         name=settings.report_name,
         url=run_url(settings, facts.run_id),
-        run_id=facts.run_id,
+        run_id=facts.workflow_run_id,
         run_attempt=facts.attempt,
         job_name=job_name(facts.backend),
         check_run_id=facts.run_id,
