@@ -84,20 +84,9 @@ def test_a_refused_map_is_kept_with_its_reason_and_said_while_the_run_goes_on(
     assert f"map at {'a' * 12} refused: " in said and "No such file or directory" in said
 
 
-def _load_history_bench() -> ModuleType:
-    _load()  # the history bench imports rolling_maps and saved_runs by their bare names
-    _load("saved_runs")
-    spec = importlib.util.spec_from_file_location(
-        "bench_selection_history", BENCH / "bench_selection_history.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_ceiling_counts_a_sweep_larger_than_the_budget_as_unreachable() -> None:
-    bench = _load_history_bench()
+    _load("saved_runs")
+    bench = _load("history_report")  # the history bench's report
     sweep = {"truth_tests": [f"t.py::test_{i}" for i in range(10)], "total": 20}
     small = {"truth_tests": ["u.py::test_a", "u.py::test_b"], "total": 100}
     # 15 % of 20 tests is 3 of the sweep's 10; the small change fits whole: 5 of 12
