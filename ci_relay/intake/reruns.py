@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request, Security
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -96,7 +97,13 @@ def queue_rerun(session: Session, run_id: int, failed_only: bool) -> Run:
         rerun_scope=FAILED if failed_only else ALL,
     )
     session.add(again)
-    session.flush()
+    try:
+        session.flush()
+    except IntegrityError:  # another request took this attempt number first
+        session.rollback()
+        raise RerunRefused(
+            409, f"run {run_id} was queued again by another request at the same moment"
+        ) from None
     return again
 
 
