@@ -6,18 +6,22 @@ refusal says why and adds nothing. Through the real app on SQLite and PostgreSQL
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from ci_relay import pipeline
+from ci_relay.context import RelayContext
+from ci_relay.service.app import create_app
 from ci_relay.steps import Next
 from ci_relay.store.models import Change, Delivery, Run, Selection, Shard
 from tests.conftest import CliResult
-from tests.relay_fixtures import DISPATCH_TOKEN, Relay, served_app
+from tests.relay_fixtures import DISPATCH_TOKEN, Relay, make_settings, served_app
 
 AUTH = {"Authorization": f"Bearer {DISPATCH_TOKEN}"}
 HEAD = "c" * 40
@@ -178,11 +182,22 @@ def test_a_run_whose_selection_failed_is_selected_anew(relay: Relay) -> None:
         assert _rerun_plan(session, again) is None  # no plan to repeat: the selector runs
 
 
+@pytest.fixture
+def sqlite_relay(tmp_path: Path) -> Iterator[Relay]:
+    """The relay on SQLite alone: what the CLI and the browser see does not depend on the
+    database (the API tests above run on both)."""
+    rt = RelayContext(make_settings(f"sqlite:///{tmp_path / 'relay.db'}", tmp_path))
+    rt.db.upgrade()
+    enqueued: list[Next] = []
+    with TestClient(create_app(rt, enqueued.extend)) as client:
+        yield Relay(rt, client, enqueued)
+    rt.db.dispose()
+
+
 def test_the_cli_asks_a_served_relay_and_says_what_it_answered(
-    relay: Relay, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
+    sqlite_relay: Relay, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if relay.rt.settings.effective_database_url.startswith("postgresql"):
-        pytest.skip("the served relay's database does not matter to the CLI: SQLite only")
+    relay = sqlite_relay
     first = _failed_run(relay)
     monkeypatch.setenv("CI_RELAY_DISPATCH_TOKEN", DISPATCH_TOKEN)
     with served_app(relay.rt) as url:
@@ -204,9 +219,8 @@ def test_the_cli_asks_a_served_relay_and_says_what_it_answered(
     assert bad.code == 2 and "not an http(s) URL" in bad.output
 
 
-def test_the_run_page_button_queues_a_failed_run_again_in_a_browser(relay: Relay) -> None:
-    if relay.rt.settings.effective_database_url.startswith("postgresql"):
-        pytest.skip("the page is the same on both databases (the API tests cover both)")
+def test_the_run_page_button_queues_a_failed_run_again_in_a_browser(sqlite_relay: Relay) -> None:
+    relay = sqlite_relay
     from playwright.sync_api import expect, sync_playwright
 
     from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
