@@ -75,6 +75,7 @@ sys.path.insert(0, str(HERE))
 import mutation_lib as ml  # noqa: E402
 from bench_selection_history import load_yardstick  # noqa: E402
 
+from test_selection.coverage.floor import EXECUTED_SHARE  # noqa: E402
 from test_selection.coverage.map import CoverageIndex, CoverageMap  # noqa: E402
 from test_selection.selector import SelectorConfig, select  # noqa: E402
 from test_selection.types import Budget  # noqa: E402
@@ -109,6 +110,7 @@ class Options:
     baseline: Path | None = None  # unmutated outcomes kept per file
     json: Path | None = None
     under: list[str] = field(default_factory=list)  # draw only functions of these paths
+    executed_share: float = EXECUTED_SHARE  # selector+map's (SelectorConfig.executed_share)
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -432,6 +434,7 @@ def _run(
             "installed": opts.installed,
             "coverage": str(opts.coverage) if opts.coverage else None,
             "scope": opts.scope,
+            "executed_share": opts.executed_share,
             "baseline": {"tests": len(baseline.outcomes), "passed": len(baseline.passed())},
             "notes": notes,
             "rows": rows,
@@ -553,6 +556,7 @@ def _select_all(
             config = SelectorConfig(
                 budget=Budget("fraction", budget), cache_dir=cache, agent=agent, coverage=idx,
                 floor=how != "no-floor", mode="safe" if how == "safe" else "ranked",
+                executed_share=0.0 if how == "floor-only" else opts.executed_share,
             )  # fmt: skip
             began = time.perf_counter()
             plan, _change = select(repo, base, head, opts.specs or None, config)
@@ -587,13 +591,15 @@ def _combo_all(
 
 def variants(index: Any) -> list[tuple[str, Any, str]]:
     """The selections each mutant is judged under: without the map; with it (the coverage
-    floor first, as the relay selects); with it but no floor (what the floor adds); and safe
-    mode with it (no budget)."""
+    floor and the other executing tests first, as the relay selects); with the floor but not
+    the other executing tests (what they add); with it but no floor (what the floor adds);
+    and safe mode with it (no budget)."""
     if index is None:
         return [("selector", None, "")]
     return [
         ("selector", None, ""),
         ("selector+map", index, ""),
+        ("map-floor-only", index, "floor-only"),
         ("map-no-floor", index, "no-floor"),
         ("safe+map", index, "safe"),
     ]
@@ -786,6 +792,13 @@ def parse(argv: list[str]) -> Options:
         help="draw only functions of this file or folder (repeat; e.g. torch/nn: one test "
         "that compiles reaches thousands of torch/_inductor functions no other test runs)",
     )
+    ap.add_argument(
+        "--executed-share",
+        type=float,
+        default=EXECUTED_SHARE,
+        help="selector+map: the share of the budget the other tests that executed a changed "
+        f"function may take past the floor ({EXECUTED_SHARE}, the default)",
+    )
     ap.add_argument("--json", type=Path, help="write the record here")
     ap.add_argument("--pytest-arg", action="append", default=[])
     ap.add_argument("--baseline", type=Path, help="keep the unmutated outcomes here (JSON)")
@@ -835,6 +848,7 @@ def parse(argv: list[str]) -> Options:
         pytest_args=args.pytest_arg,
         json=args.json,
         preload=args.preload,
+        executed_share=args.executed_share,
         baseline=args.baseline,
         under=args.under,
     )
