@@ -84,7 +84,7 @@ def ranked_plan(
         executed_share=executed_share,
     )
     if floor is not None:
-        _executed(floor, selected)
+        _executed(floor, selected, inputs.scored)
     for item in selected:
         item.evidence.append(Evidence("plan", "budget", 0.0, f"within the {budget} budget"))
     said = ([floor.note()] if floor is not None else []) + _swept(whole, selected)
@@ -111,12 +111,12 @@ def safe_plan(repo: Repo, inputs: PlanInputs) -> Placed:
     return Placed(selected, excluded, shards, [*found.notes(len(inputs.universe)), *notes])
 
 
-def _executed(floor: Floor, selected: list[PlannedTest]) -> None:
-    """The executing tests past the floor that the plan took: each says why, the floor
-    counts them."""
+def _executed(floor: Floor, selected: list[PlannedTest], scored: dict[TestId, Scored]) -> None:
+    """The executing tests past the floor that the plan took for that reason (not those the
+    change edits or names, which go first anyway): each says why, the floor counts them."""
     later = set(floor.executed)
     for item in selected:
-        if item.test not in later:
+        if item.test not in later or scored[item.test].mandatory:
             continue
         floor.taken_executed += 1
         why = floor.why[item.test]

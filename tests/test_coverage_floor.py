@@ -221,3 +221,27 @@ def test_the_plan_says_how_many_executing_tests_it_took_and_why_each(
     note = next(n for n in plan["notes"] if n.startswith("coverage floor:"))
     assert "then 1 of the 1 other test(s) that executed a changed function" in note
     assert "up to 50% of the budget" in note
+
+
+def test_an_executing_test_the_change_edits_is_not_counted_as_taken_for_having_executed(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    repo, base = _upstream(tmp_path)
+    cmap = tmp_path / "map.json.gz"
+    _record(cli, repo, base, cmap)
+    edited = TESTS.replace(
+        f"assert [dispatch(i) for i in range({N})]",
+        f"assert len([dispatch(i) for i in range({N})]) == {N}",
+    )
+    repo.commit(
+        "fix 5, and test_all with it",
+        {"pkg/core.py": _edit(5), "tests/test_core.py": edited},
+        dedent=False,
+    )
+    plan = _plan(cli, repo, cmap, "10")
+    chosen = {t["test"]: t for t in plan["selected"]}
+    assert "tests/test_core.py::test_all" in chosen  # the change edits it: it goes first
+    assert plan["coverage"]["floor"]["executed"] == 1
+    assert plan["coverage"]["floor"]["executed_taken"] == 0, chosen["tests/test_core.py::test_all"]
+    reasons = chosen["tests/test_core.py::test_all"]["reasons"]
+    assert not any("go ahead of the ranking" in r for r in reasons), reasons
