@@ -4,8 +4,9 @@ reading specs and settings."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -219,3 +220,24 @@ def _configure_logging() -> None:
     from ci_relay.logs import configure_logging
 
     configure_logging()
+
+
+def post_to_relay(url: str, token: str, body: Mapping[str, object], what: str) -> dict[str, Any]:
+    """POST ``body`` to a relay's dispatch-token route and return its 202 answer; any other
+    answer, or no answer, exits 2 with the relay's reason (``what``: the thing refused)."""
+    import httpx
+
+    try:
+        response = httpx.post(
+            url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
+    except httpx.HTTPError as exc:
+        raise _fail(f"could not reach {url}: {exc}") from None
+    if response.status_code != 202:
+        try:
+            reason = response.json().get("error", response.text)
+        except ValueError:
+            reason = response.text
+        raise _fail(f"the relay refused the {what} (HTTP {response.status_code}): {reason}")
+    answer: dict[str, Any] = response.json()
+    return answer

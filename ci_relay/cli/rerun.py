@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ci_relay.cli.common import _fail, _settings, out
+from ci_relay.cli.common import _fail, _settings, out, post_to_relay
 
 commands = typer.Typer()
 
@@ -29,8 +29,6 @@ def rerun(
     """Queue a finished run that failed or errored again, as the next attempt of the same
     change and backend with the same plan (the dispatch token comes from
     CI_RELAY_DISPATCH_TOKEN). Exit 2 when the relay refuses, with its reason."""
-    import httpx
-
     settings = _settings()
     base = relay or settings.public_url
     if not base:
@@ -42,22 +40,7 @@ def rerun(
     if not token:
         raise _fail("a rerun needs the relay's dispatch token in CI_RELAY_DISPATCH_TOKEN")
     url = f"{base.rstrip('/')}/api/runs/{run_id}/rerun"
-    try:
-        response = httpx.post(
-            url,
-            json={"failed_only": failed_only},
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=30,
-        )
-    except httpx.HTTPError as exc:
-        raise _fail(f"could not reach {url}: {exc}") from None
-    if response.status_code != 202:
-        try:
-            reason = response.json().get("error", response.text)
-        except ValueError:
-            reason = response.text
-        raise _fail(f"the relay refused the rerun (HTTP {response.status_code}): {reason}")
-    got = response.json()
+    got = post_to_relay(url, token, {"failed_only": failed_only}, "rerun")
     page = base.rstrip("/") + str(got["url"])
     out.print(
         f"run {run_id} queued again as run {got['id']} (attempt {got['attempt']}, "

@@ -23,6 +23,7 @@ from ci_relay.cli.common import (
     _upstream_dir,
     err,
     out,
+    post_to_relay,
 )
 
 if TYPE_CHECKING:
@@ -128,8 +129,6 @@ def _submit(
     relay: str, repository: str | None, root: Path, base: str, head: str, backend: str
 ) -> None:
     """POST the upgrade to a relay, with both revisions resolved to commit ids here."""
-    import httpx
-
     from test_selection.git import GitError, Repo
 
     secret = _settings().dispatch_token
@@ -148,21 +147,8 @@ def _submit(
         }
     except GitError as exc:
         raise _fail(str(exc)) from None
-    url = relay.rstrip("/") + "/api/upgrades"
-    try:
-        response = httpx.post(
-            url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30
-        )
-    except httpx.HTTPError as exc:
-        raise _fail(f"could not reach {url}: {exc}") from None
-    if response.status_code != 202:
-        try:
-            reason = response.json().get("error", response.text)
-        except ValueError:
-            reason = response.text
-        raise _fail(f"the relay refused the upgrade (HTTP {response.status_code}): {reason}")
-    page = relay.rstrip("/") + str(response.json()["url"])
-    out.print(f"upgrade {response.json()['id']} submitted: {page}")
+    got = post_to_relay(relay.rstrip("/") + "/api/upgrades", token, body, "upgrade")
+    out.print(f"upgrade {got['id']} submitted: {relay.rstrip('/')}{got['url']}")
 
 
 def _count_variants(

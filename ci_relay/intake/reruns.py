@@ -15,17 +15,14 @@ import time
 
 from fastapi import APIRouter, Request, Security
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from ci_relay.api_docs import DISPATCH_AUTH, INVALID_BODY_OR_PATH, DbId, errors, json_body
-from ci_relay.intake.events import InvalidPayload
-from ci_relay.intake.routes import intake_of, tokens_match
+from ci_relay.intake.routes import intake_of
 from ci_relay.intake.wire import RerunAccepted, RerunRequest
-from ci_relay.request_body import parse_json
 from ci_relay.steps import Next
 from ci_relay.store.models import Change, Run, RunState, ShardState
 
@@ -119,27 +116,12 @@ async def rerun(request: Request, run_id: DbId) -> JSONResponse:
     """Queue a finished run that failed or errored again as the next attempt of the same
     change and backend, with the same plan (``failed_only``: its failed shards only)."""
     intake = intake_of(request)
-    settings = intake.rt.settings
     started = time.perf_counter()
-    body = await intake.read_within_limit(request)
-    if body is None:
-        return await intake.reject(request, 413, intake.too_large, "rerun", started)
-    token = settings.dispatch_token.get_secret_value() if settings.dispatch_token else None
-    if token is None or not tokens_match(
-        request.headers.get("authorization", ""), f"Bearer {token}"
-    ):
-        reason = "reruns are disabled (no token set)" if token is None else "bad bearer token"
-        return await intake.reject(request, 401, reason, "rerun", started)
-    try:
-        wanted = RerunRequest.model_validate(parse_json(body) if body.strip() else {})
-    except ValueError as exc:  # not JSON, or a field pydantic refused (it says which)
-        problem = (
-            InvalidPayload.from_validation(exc)
-            if isinstance(exc, ValidationError)
-            else f"body is not JSON: {exc}"
-        )
-        status = 422 if isinstance(exc, ValidationError) else 400
-        return await intake.reject(request, status, str(problem), "rerun", started)
+    wanted = await intake.guarded_body(
+        request, RerunRequest, "rerun", "reruns are disabled (no token set)", started, empty=True
+    )
+    if isinstance(wanted, JSONResponse):
+        return wanted
 
     def create() -> tuple[int, int, str]:
         with intake.rt.db.session() as session:

@@ -14,11 +14,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request, Security
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from starlette.concurrency import run_in_threadpool
@@ -75,6 +75,9 @@ def _github_headers(request: Request) -> tuple[str, str, str] | str:
             except InvalidIdentifier as exc:
                 return f"header {name}: {exc}"
     return event, delivery, hook
+
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,39 @@ class Intake:
             {"id": pk, "delivery_id": delivery_id, "state": state, "duplicate": duplicate},
             status_code=202,
         )
+
+    async def guarded_body(
+        self,
+        request: Request,
+        model: type[M],
+        event: str,
+        disabled: str,
+        started: float,
+        empty: bool = False,
+    ) -> M | JSONResponse:
+        """A dispatch-token route's body validated by ``model``, or the refusal to return:
+        413 over the limit, 401 without the token (``disabled`` when none is set), 400 not
+        JSON, 422 a field the model refuses (named). ``empty``: no body reads as ``{}``."""
+        body = await self.read_within_limit(request)
+        if body is None:
+            return await self.reject(request, 413, self.too_large, event, started)
+        settings = self.rt.settings
+        token = settings.dispatch_token.get_secret_value() if settings.dispatch_token else None
+        if token is None or not tokens_match(
+            request.headers.get("authorization", ""), f"Bearer {token}"
+        ):
+            reason = disabled if token is None else "bad bearer token"
+            return await self.reject(request, 401, reason, event, started)
+        try:
+            return model.model_validate(parse_json(body) if body.strip() or not empty else {})
+        except ValueError as exc:  # not JSON, or a field pydantic refused (it says which)
+            problem = (
+                InvalidPayload.from_validation(exc)
+                if isinstance(exc, ValidationError)
+                else f"body is not JSON: {exc}"
+            )
+            status = 422 if isinstance(exc, ValidationError) else 400
+            return await self.reject(request, status, str(problem), event, started)
 
     async def read_within_limit(self, request: Request) -> bytes | None:
         """The body, or None when it is over the limit (counted as it streams in)."""

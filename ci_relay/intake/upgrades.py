@@ -7,14 +7,11 @@ import time
 
 from fastapi import APIRouter, Request, Security
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from ci_relay.api_docs import DISPATCH_AUTH, errors, json_body
-from ci_relay.intake.events import InvalidPayload
-from ci_relay.intake.routes import intake_of, tokens_match
+from ci_relay.intake.routes import intake_of
 from ci_relay.intake.wire import UpgradeAccepted, UpgradeRequest
-from ci_relay.request_body import parse_json
 from ci_relay.steps import Next
 from ci_relay.store.models import Upgrade
 
@@ -35,27 +32,12 @@ async def submit_upgrade(request: Request) -> JSONResponse:
     """A release upgrade job (behind the dispatch token): the specs' tests that changed
     between ``base`` and ``head`` run at both on each backend; ``url`` compares them."""
     intake = intake_of(request)
-    settings = intake.rt.settings
     started = time.perf_counter()
-    body = await intake.read_within_limit(request)
-    if body is None:
-        return await intake.reject(request, 413, intake.too_large, "upgrade", started)
-    token = settings.dispatch_token.get_secret_value() if settings.dispatch_token else None
-    if token is None or not tokens_match(
-        request.headers.get("authorization", ""), f"Bearer {token}"
-    ):
-        reason = "upgrades are disabled (no token set)" if token is None else "bad bearer token"
-        return await intake.reject(request, 401, reason, "upgrade", started)
-    try:
-        wanted = UpgradeRequest.model_validate(parse_json(body))
-    except ValueError as exc:  # not JSON, or a field pydantic refused (it says which)
-        problem = (
-            InvalidPayload.from_validation(exc)
-            if isinstance(exc, ValidationError)
-            else f"body is not JSON: {exc}"
-        )
-        status = 422 if isinstance(exc, ValidationError) else 400
-        return await intake.reject(request, status, str(problem), "upgrade", started)
+    wanted = await intake.guarded_body(
+        request, UpgradeRequest, "upgrade", "upgrades are disabled (no token set)", started
+    )
+    if isinstance(wanted, JSONResponse):
+        return wanted
     repo_policy = intake.rt.policy.for_repository(wanted.repository)
     if repo_policy is None:
         reason = f"repository {wanted.repository} is not in the allowlist"
