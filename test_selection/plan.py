@@ -96,17 +96,10 @@ def _place(
     in their order up to ``executed_share`` of the budget, then each whole group that still
     fits in full; appended to ``chosen``. Returns what to say of the floor's part that did
     not fit."""
-    floor_out = 0
-    for test in floor:
-        if test in taken or test not in scored:
-            continue
-        if not left.fits(len(chosen), 1, durations[test]):
-            floor_out += 1
-            continue
-        chosen.append(scored[test])
-        taken.add(test)
-        left.spent += durations[test]
-    _take_share(scored, durations, chosen, taken, left, executed, executed_share)
+    floor_out = _take_each(scored, durations, chosen, taken, left, floor)
+    if executed_share > 0:  # up to this share of the budget's count and of its seconds
+        share = (int(executed_share * left.count), executed_share * left.seconds)
+        _take_each(scored, durations, chosen, taken, left, executed, *share)
     for group in wholes:
         missing = [test for test in group if test not in taken and test in scored]
         cost = sum(durations[test] for test in missing)
@@ -123,23 +116,20 @@ def _place(
     ]
 
 
-def _take_share(
+def _take_each(
     scored: Mapping[TestId, Scored],
     durations: Mapping[TestId, float],
     chosen: list[Scored],
     taken: set[TestId],
     left: _Left,
     tests: Sequence[TestId],
-    share: float,
-) -> None:
-    """``tests`` in order while they fit in ``share`` of the budget (its count and its
-    seconds), the rest of the budget left to the ranking."""
-    if share <= 0 or not tests:
-        return
-    count = int(share * left.count)
-    seconds = share * left.seconds
-    spent = 0.0
-    took = 0
+    count: float = float("inf"),
+    seconds: float = float("inf"),
+) -> int:
+    """``tests`` in order, each while it fits what the budget has left and at most
+    ``count`` of them in at most ``seconds``; appended to ``chosen``. Returns how many did
+    not fit."""
+    took, spent, out = 0, 0.0, 0
     for test in tests:
         if took >= count:
             break
@@ -147,12 +137,14 @@ def _take_share(
             continue
         cost = durations[test]
         if spent + cost > seconds or not left.fits(len(chosen), 1, cost):
+            out += 1
             continue
         chosen.append(scored[test])
         taken.add(test)
         left.spent += cost
         spent += cost
         took += 1
+    return out
 
 
 def make_plan(
