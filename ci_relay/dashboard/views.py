@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ci_relay.api_docs import FAILURES_CURSOR
+from ci_relay.store.models import recoverable
 
 if TYPE_CHECKING:  # the run page holds one; selection_views imports Pager from here
     from ci_relay.dashboard.selection_views import SelectionView
@@ -310,10 +311,8 @@ class RunInfo:
 
     @property
     def recoverable(self) -> bool:
-        """Whether it may be queued again (``POST /api/runs/{id}/rerun``): finished, not passed."""
-        return self.state == "failed" or (
-            self.state == "completed" and self.conclusion not in ("success", "neutral", "skipped")
-        )
+        """Whether it may be queued again (``POST /api/runs/{id}/rerun``)."""
+        return recoverable(self.state, self.conclusion)
 
 
 @dataclass(frozen=True)

@@ -24,14 +24,13 @@ from ci_relay.api_docs import DISPATCH_AUTH, INVALID_BODY_OR_PATH, DbId, errors,
 from ci_relay.intake.routes import intake_of
 from ci_relay.intake.wire import RerunAccepted, RerunRequest
 from ci_relay.steps import Next
-from ci_relay.store.models import Change, Run, RunState, ShardState
+from ci_relay.store.models import Change, Run, RunState, ShardState, recoverable
 
 log = logging.getLogger("ci_relay.intake")
 
 router = APIRouter()
 
 UNFINISHED = (RunState.PENDING, RunState.SELECTING, RunState.RUNNING)
-PASSED = ("success", "neutral", "skipped")
 ALL, FAILED = "all", "failed"
 
 
@@ -58,7 +57,7 @@ def queue_rerun(session: Session, run_id: int, failed_only: bool) -> Run:
         raise RerunRefused(
             409, f"run {run_id} is {run.state}: a run is queued again once it has finished"
         )
-    if run.state == RunState.COMPLETED and run.conclusion in PASSED:
+    if not recoverable(run.state, run.conclusion):
         raise RerunRefused(409, f"run {run_id} passed ({run.conclusion}): nothing to recover")
     pending = session.scalars(
         select(Run).where(Run.rerun_of == run_id, Run.state.in_(UNFINISHED))

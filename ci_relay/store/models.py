@@ -47,6 +47,17 @@ class RunState:
     FAILED = "failed"
 
 
+# a finished run that ended so is not queued again by hand (there is nothing to recover)
+PASSED_CONCLUSIONS = ("success", "neutral", "skipped")
+
+
+def recoverable(state: str, conclusion: str | None) -> bool:
+    """Whether a run may be queued again by hand: it finished and did not pass."""
+    return state == RunState.FAILED or (
+        state == RunState.COMPLETED and conclusion not in PASSED_CONCLUSIONS
+    )
+
+
 class ShardState:
     PENDING = "pending"
     RUNNING = "running"
