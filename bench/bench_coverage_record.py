@@ -1,8 +1,10 @@
 """What recording a per-test coverage map costs (issue 34): a repository's own tests run with
-plain pytest, with the recording plugin (``cProfile`` around each test, function level), and
-with coverage.py's per-test dynamic contexts (line level, if coverage is installed), in
-alternating order so the page cache favours none. Prints each mode's median seconds, its
-ratio to plain pytest in the same run, and the map's size.
+plain pytest, with the recording plugin (``cProfile`` around each test, function level), with
+the plugin recording lines too (issue 55: ``--coverage-lines``, coverage.py's tracer with one
+context per test, as ``coverage record`` does by default), and with coverage.py's own per-test
+dynamic contexts (``coverage run``), in alternating order so the page cache favours none.
+Prints each mode's median seconds, its ratio to plain pytest in the same run, and the map's
+size.
 
 Needs a Python repository whose tests run here (not in this repository), e.g. networkx:
 
@@ -11,6 +13,8 @@ Needs a Python repository whose tests run here (not in this repository), e.g. ne
     python bench/bench_coverage_record.py $SCRATCH/networkx --rounds 2 -- networkx/algorithms
 
 Arguments after ``--`` go to pytest (what to run); the checkout is used as it is.
+``--python`` runs the tests with the repository's own environment (it needs coverage.py for
+the line modes); the plugin reaches it from a folder holding only ``test_selection``.
 """
 
 from __future__ import annotations
@@ -30,22 +34,23 @@ sys.path.insert(0, str(ROOT))
 from test_selection.coverage.map import CoverageMap  # noqa: E402
 
 
-def _command(mode: str, repo: Path, out: Path, args: list[str]) -> list[str]:
+def _command(python: str, mode: str, repo: Path, out: Path, args: list[str]) -> list[str]:
     # failures are fine: every mode runs the same tests
     base = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *args]
     if mode == "plain":
-        return [sys.executable, *base]
-    if mode == "recorder":
+        return [python, *base]
+    if mode in ("recorder", "recorder+lines"):
         return [
-            sys.executable, *base, "-p", "test_selection.coverage_recorder",
+            python, *base, "-p", "test_selection.coverage_recorder",
             "--record-coverage", str(out), "--coverage-root", str(repo),
+            *(["--coverage-lines"] if mode == "recorder+lines" else []),
         ]  # fmt: skip
     rc = out.with_suffix(".coveragerc")
     rc.write_text(
         "[run]\ndynamic_context = test_function\n"
         f"data_file = {out.with_suffix('.coverage')}\nsource = {repo}\n"
     )
-    return [sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", *base]
+    return [python, "-m", "coverage", "run", f"--rcfile={rc}", *base]
 
 
 def main() -> int:
@@ -55,28 +60,33 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("repo", type=Path, help="a checkout whose tests run here")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--python", default=sys.executable, help="the repository's own Python")
     opts = ap.parse_args(own)
     repo = opts.repo.resolve()
     modes = ["plain", "recorder"]
-    try:
-        import coverage  # noqa: F401
-
-        modes.append("coverage.py")
-    except ImportError:
-        print("coverage.py is not installed: its mode is left out (pip install coverage)")
+    has_coverage = subprocess.run(
+        [opts.python, "-c", "import coverage"], capture_output=True, check=False
+    )
+    if has_coverage.returncode == 0:
+        modes += ["recorder+lines", "coverage.py"]
+    else:
+        print("coverage.py is not installed there: the line modes are left out")
     paths = [str(repo), *([str(repo / "src")] if (repo / "src").is_dir() else [])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(ROOT)])}
-    env.pop("PYTEST_ADDOPTS", None)
     seconds: dict[str, list[float]] = {m: [] for m in modes}
     sizes: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as scratch:
+        plugin = Path(scratch) / "plugin"
+        plugin.mkdir()
+        (plugin / "test_selection").symlink_to(ROOT / "test_selection")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(plugin)])}
+        env.pop("PYTEST_ADDOPTS", None)
         for round_ in range(opts.rounds):
             order = modes if round_ % 2 == 0 else list(reversed(modes))
             for mode in order:
                 out = Path(scratch) / f"{mode}-{round_}.json.gz"
                 start = time.perf_counter()
                 proc = subprocess.run(
-                    _command(mode, repo, out, pytest_args),
+                    _command(opts.python, mode, repo, out, pytest_args),
                     cwd=repo,
                     env=env,
                     capture_output=True,
@@ -89,18 +99,21 @@ def main() -> int:
                 print(
                     f"round {round_ + 1} {mode:<12} {took:8.1f} s  exit {proc.returncode} {tail[0]}"
                 )
-                if mode == "recorder" and out.is_file():
+                if mode.startswith("recorder") and out.is_file():
                     sizes[mode] = out.stat().st_size
                     cmap = CoverageMap.load(out)
-                    print(f"    map: {len(cmap.tests)} tests, {len(cmap.functions())} functions")
+                    print(
+                        f"    map: {len(cmap.tests)} tests, {len(cmap.functions())} functions, "
+                        f"lines of {len(cmap.lines)} tests {cmap.lines_missing}"
+                    )
                 elif mode == "coverage.py" and out.with_suffix(".coverage").is_file():
                     sizes[mode] = out.with_suffix(".coverage").stat().st_size
     plain = statistics.median(seconds["plain"])
-    print(f"\n{'mode':<12} {'median s':>9} {'ratio':>7} {'data':>10}")
+    print(f"\n{'mode':<15} {'median s':>9} {'ratio':>7} {'data':>10}")
     for mode in modes:
         median = statistics.median(seconds[mode])
         size = f"{sizes[mode] / 1e6:.2f} MB" if mode in sizes else "-"
-        print(f"{mode:<12} {median:9.1f} {median / plain:6.2f}x {size:>10}")
+        print(f"{mode:<15} {median:9.1f} {median / plain:6.2f}x {size:>10}")
     print("goal: recording <= 1.5x plain pytest")
     return 0
 

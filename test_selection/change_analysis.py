@@ -50,6 +50,9 @@ class ChangeAnalysis:
     head: str
     files: list[FileChange]
     symbols: set[str] = field(default_factory=set)  # qualified: path:Class.func
+    # changed functions whose change is confined to statements of their body: the first
+    # line of each statement it touched, numbered as at the base (``body_lines``)
+    lines: dict[str, frozenset[int]] = field(default_factory=dict)
     names: set[str] = field(default_factory=set)  # bare names of changed symbols
     tests_added: set[TestId] = field(default_factory=set)
     tests_modified: set[TestId] = field(default_factory=set)
@@ -174,6 +177,44 @@ def _changed_defs(
     return changed
 
 
+def body_lines(span: _Span, hunks: list[tuple[int, int, int, int]]) -> frozenset[int] | None:
+    """The statements of a function's body (at the base) a diff touched, each by its first
+    line (the line a line tracer records for it), or None when the change reaches its
+    header: decorators, signature or docstring (then the whole function counts). A pure
+    insertion touches the statements on both sides of it."""
+    node, start, end = span
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return None
+    body = node.body
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
+        body = body[1:]
+    if not body:
+        return None
+    first = body[0].lineno
+    touched: set[int] = set()
+    for old_start, old_count, _new_start, _new_count in hunks:
+        lines = range(old_start, old_start + old_count) if old_count else (old_start, old_start + 1)
+        touched.update(n for n in lines if start <= n <= end)
+    if not touched or min(touched) < first:
+        return None
+    owner: dict[int, tuple[int, int]] = {}  # line -> (first line, -span) of its innermost statement
+    for statement in body:
+        for inner in ast.walk(statement):
+            if not isinstance(inner, ast.stmt):
+                continue
+            last = inner.end_lineno or inner.lineno
+            key = (inner.lineno, -(last - inner.lineno))
+            for n in range(inner.lineno, last + 1):
+                owner[n] = max(owner.get(n, key), key)
+    starts = {owner[n][0] for n in touched if n in owner}
+    return frozenset(starts) if starts else None
+
+
 def changed_symbols(path: str, old: bytes | None, new: bytes | None) -> set[str]:
     """The qualified defs of one Python file that differ between two versions (all of the
     parsable side's when the other does not parse), without a diff: what the backtest
@@ -281,6 +322,10 @@ def analyze(
         for name in changed:
             analysis.symbols.add(f"{path}:{name}")
             analysis.names.add(name.rsplit(".", 1)[-1])
+            if name in old_defs and name in new_defs and not (old_err or new_err):
+                lines = body_lines(old_defs[name], change.hunks)
+                if lines:
+                    analysis.lines[f"{path}:{name}"] = lines
         if any(path.startswith(d) for d in _OP_SOURCE_DIRS):
             analysis.ops |= {n.rsplit(".", 1)[-1] for n in changed if not n.startswith("_")}
         if is_test_path(path, patterns):

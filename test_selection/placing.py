@@ -159,7 +159,7 @@ def _floor(coverage: CoverageUse, universe: set[TestId], scored: dict[TestId, Sc
     why_not = _stale(coverage)
     if why_not or coverage.index is None:
         return Floor(skipped=why_not)
-    floor = floor_for(coverage.index, coverage.targets, coverage.changed, universe)
+    floor = floor_for(coverage.index, coverage.targets, coverage.changed, universe, coverage.lines)
     for test in floor.tests:  # the rest of floor.why: only for those the plan takes
         scored[test].evidence.append(Evidence("plan", FLOOR_SOURCE, 0.0, floor.why[test]))
     return floor

@@ -93,7 +93,7 @@ def test_a_function_only_one_test_reaches_gets_that_test_at_one_percent(
     first = plan["selected"][0]
     assert "the coverage floor" in first["reasons"][0]
     assert (
-        "changed pkg/core.py:_impl_23 (2 calls deep; runs 3 recorded functions)"
+        "changed pkg/core.py:_impl_23 (2 calls deep; ran the changed lines; runs 3 recorded functions)"
         in (first["reasons"][0])
     )
     note = next(n for n in plan["notes"] if n.startswith("coverage floor:"))

@@ -90,6 +90,15 @@ def record(
             "every other test's record (then the pytest arguments should be options only)."
         ),
     ] = None,
+    lines: Annotated[
+        bool,
+        typer.Option(
+            "--lines/--no-lines",
+            help="Also record the lines each test executes (coverage.py, when the recording "
+            "Python has it): a change to a few statements of a long function leads first to "
+            "the tests that ran them.",
+        ),
+    ] = True,
 ) -> None:
     """Record which functions each test executes (arguments after -- go to pytest).
     Refuses (exit 1, no map written) when pytest collected nothing or ended in a
@@ -125,7 +134,7 @@ def record(
                 CoverageMap(name, sha, backend, collected=0).save(written)
             else:
                 code, seconds = _run_pytest(
-                    tree, written, name, sha, backend, args, timeout, interpreter, installed
+                    tree, written, name, sha, backend, args, timeout, interpreter, installed, lines
                 )
         finally:
             subprocess.run(
@@ -158,9 +167,14 @@ def record(
             )
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(written), target)
+    at_lines = (
+        f" (and the lines of {len(cmap.lines)} of them)"
+        if cmap.lines
+        else (f"; no lines: {cmap.lines_missing}" if lines and cmap.lines_missing else "")
+    )
     out.print(
         f"recorded {len(cmap.tests)} test(s) executing {len(cmap.functions())} function(s) of "
-        f"{name}@{sha[:12]} in {seconds:.1f} s (pytest exit {code}) -> {target} "
+        f"{name}@{sha[:12]}{at_lines} in {seconds:.1f} s (pytest exit {code}) -> {target} "
         f"({target.stat().st_size / 1024:.0f} KB)",
         soft_wrap=True,
     )
@@ -237,6 +251,7 @@ def _run_pytest(
     timeout: float,
     python: str = sys.executable,
     installed: str | None = None,
+    lines: bool = False,
 ) -> tuple[int, float]:
     """Plain pytest in the worktree with the recorder; the package importable from the tree
     (flat or src/ layout) ahead of any installed copy, unless ``installed`` names the package
@@ -266,7 +281,7 @@ def _run_pytest(
         "--record-coverage", str(target), "--coverage-root", str(tree),
         "--coverage-repository", name, "--coverage-revision", sha,
         "-p", "no:cacheprovider", "-q", *(["--coverage-backend", backend] if backend else []),
-        *args,
+        *(["--coverage-lines"] if lines else []), *args,
     ]  # fmt: skip
     start = time.monotonic()
     try:
@@ -310,6 +325,8 @@ def show(
         "bytes": size,
         "flags": flags,
         "busiest": rows,
+        "tests_with_lines": len(cmap.lines),
+        "lines_missing": cmap.lines_missing,
     }
     if as_json:
         print(json.dumps(summary, indent=2))
@@ -324,6 +341,11 @@ def show(
         f"{summary['tests']} test(s), {summary['functions']} function(s) in {len(files)} "
         f"file(s), {size / 1024:.0f} KB",
     )
+    if cmap.lines:
+        out.print(f"lines executed: recorded for {len(cmap.lines)} test(s)")
+    else:
+        out.print(f"lines executed: not recorded{': ' if cmap.lines_missing else ''}"
+                  f"{cmap.lines_missing}", soft_wrap=True)  # fmt: skip
     for mark, count in sorted(flags.items()):
         out.print(f"flagged {mark}: {count} test(s) (recorded as far as the profiler saw)")
     for row in rows:

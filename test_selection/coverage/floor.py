@@ -11,13 +11,18 @@ breaking change they are the tests most likely to fail, and the map says so dire
 co-change only guesses. The ranking fills what the budget leaves. A floor larger than the
 budget keeps its most specific part and says so (``plan.make_plan``).
 
+With a map that recorded lines, a change confined to some statements of a function's body
+puts the tests that executed those statements ahead of the function's other executing tests
+(an off-by-one in one branch fails the tests that took that branch); a change to its header
+(decorators, signature, docstring) counts as the whole function.
+
 A map too far behind the change's base, or not behind it at all (recorded on another
 branch), names functions that may no longer exist as recorded: no floor, with a note.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +86,14 @@ class Floor:
         }
 
 
+def _how(statements: frozenset[int] | None, missed: int, depth: int, size: int) -> str:
+    said = ["directly" if depth == 1 else f"{depth} calls deep"]
+    if statements is not None:
+        said.append("not the changed lines" if missed else "ran the changed lines")
+    said.append(f"runs {size} recorded functions")
+    return f" ({'; '.join(said)})"
+
+
 def _some(names: list[str]) -> str:
     more = len(names) - 3
     return ", ".join(names[:3]) + (f" and {more} more" if more > 0 else "")
@@ -105,25 +118,34 @@ def floor_for(
     targets: dict[str, list[Function]],
     changed: Iterable[str],
     universe: Iterable[TestId],
+    lines: Mapping[str, frozenset[int]] | None = None,
 ) -> Floor:
     """The floor of a change whose known changed functions (``targets``: "file:qualname" ->
-    the map's functions for it) are among ``changed``, over the tests of ``universe``."""
+    the map's functions for it) are among ``changed``, over the tests of ``universe``;
+    ``lines``: the changed statements' lines of the functions changed in their body alone."""
     by_id = {t.nodeid: t for t in universe}
+    lines = lines or {}
     floor = Floor()
     taken: set[TestId] = set()
-    rank: dict[TestId, tuple[int, int, str]] = {}
-    later: dict[TestId, tuple[int, int, int, str]] = {}  # the rest: (place in its function, key)
+    rank: dict[TestId, tuple[int, int, int, str]] = {}
+    # the rest: (missed the changed lines, place in its function, key)
+    later: dict[TestId, tuple[int, int, int, int, str]] = {}
     for symbol in changed:
         functions = targets.get(symbol)
         if not functions:
             floor.unknown.append(symbol)
             continue
-        runs: dict[str, tuple[int, int, str]] = {}
+        runs: dict[str, tuple[int, int, int, str]] = {}
+        statements = lines.get(symbol)
         for function in functions:
             for test, depth in index.by_function.get(function, ()):
                 if test not in by_id:
                     continue
-                key = (index.size[test], depth, test)
+                missed = 0
+                if statements is not None:
+                    ran = index.lines_of(test, function[0])
+                    missed = int(ran is not None and not ran & statements)
+                key = (missed, index.size[test], depth, test)
                 if test not in runs or key < runs[test]:
                     runs[test] = key
         if not runs:
@@ -136,23 +158,21 @@ def floor_for(
             if found not in taken:
                 taken.add(found)
                 rank[found] = runs[test]
-                size, depth, _ = runs[test]
-                calls = "directly" if depth == 1 else f"{depth} calls deep"
+                missed, size, depth, _ = runs[test]
                 floor.why[found] = (
-                    f"the most specific test that executed changed {symbol} ({calls}; runs "
-                    f"{size} recorded functions): the coverage floor"
+                    f"the most specific test that executed changed {symbol}"
+                    f"{_how(statements, missed, depth, size)}: the coverage floor"
                 )
         for place, test in enumerate(ordered[PER_FUNCTION:], start=1):
             found = by_id[test]
-            size, depth, name = runs[test]
-            at = (place, size, depth, name)
+            missed, size, depth, name = runs[test]
+            at = (missed, place, size, depth, name)
             if found in taken:
                 continue
             if found not in later or at < later[found]:
                 later[found] = at
-                calls = "directly" if depth == 1 else f"{depth} calls deep"
                 floor.why[found] = (
-                    f"executed changed {symbol} ({calls}; runs {size} recorded functions): "
+                    f"executed changed {symbol}{_how(statements, missed, depth, size)}: "
                     "tests that executed a changed function go ahead of the ranking"
                 )
     floor.tests = sorted(taken, key=rank.__getitem__)

@@ -9,6 +9,11 @@ so a map recorded on an installed package matches a diff of the repository.
 The file is gzip-compressed JSON. Tests that executed the same functions share one entry (the
 variants of one upstream test mostly do), and each function of a test carries the number of
 calls between the test and it (1: the test called it), which is what "specific" means below.
+
+A map may also hold, per test, the lines it executed in the upstream's own code files
+(``lines``, recorded through coverage.py when the recording Python has it): a change to a few
+statements of a long function then leads first to the tests that ran those statements.
+Stored as line ranges per file (``"3-9,14"``), equal sets shared as the functions' are.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ FLAGS = frozenset({"threads", "processes", "profiler-replaced", "failed-to-recor
 MAX_ERRORS = 20  # collection errors kept in a map
 
 Function = tuple[str, str]  # (file as the repository names it, qualified name)
+Lines = dict[str, frozenset[int]]  # file as the repository names it -> lines executed
 
 
 class CoverageMapError(ValueError):
@@ -58,10 +64,24 @@ class CoverageMap:
     # brought forward from an older map (coverage_update.py): tests kept from that revision
     reused: int = 0
     reused_from: str = ""
+    # test id -> the lines it executed per code file, for the tests recorded at line level
+    lines: dict[str, Lines] = field(default_factory=dict)
+    # why lines were not recorded where they were asked for ("" when they were, or not asked)
+    lines_missing: str = ""
 
-    def add(self, test: str, functions: Mapping[Function, int], flags: Iterable[str] = ()) -> None:
+    def add(
+        self,
+        test: str,
+        functions: Mapping[Function, int],
+        flags: Iterable[str] = (),
+        lines: Mapping[str, Iterable[int]] | None = None,
+    ) -> None:
         """Merge one test's functions (a test recorded twice, e.g. per variant, keeps the union
-        and each function's shortest distance)."""
+        and each function's shortest distance) and, when recorded, its lines (the union)."""
+        if lines is not None:
+            known_lines = self.lines.setdefault(test, {})
+            for file, numbers in lines.items():
+                known_lines[file] = known_lines.get(file, frozenset()) | frozenset(numbers)
         known = self.tests.setdefault(test, {})
         for function, depth in functions.items():
             depth = min(max(1, depth), MAX_DEPTH)
@@ -79,7 +99,7 @@ class CoverageMap:
                 f"{self.repository}@{self.revision[:12]}"
             )
         for test, functions in other.tests.items():
-            self.add(test, functions, other.flags.get(test, ()))
+            self.add(test, functions, other.flags.get(test, ()), other.lines.get(test))
         self.seconds += other.seconds
 
     def functions(self) -> set[Function]:
@@ -118,6 +138,8 @@ class CoverageMap:
             "collection_errors": self.collection_errors[:MAX_ERRORS],
             "reused": self.reused,
             "reused_from": self.reused_from,
+            **({"lines": _lines_to_json(self.lines)} if self.lines else {}),
+            **({"lines_missing": self.lines_missing} if self.lines_missing else {}),
         }
 
     @classmethod
@@ -150,7 +172,10 @@ class CoverageMap:
             ]
             result.reused = int(data.get("reused") or 0)
             result.reused_from = str(data.get("reused_from") or "")
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            if data.get("lines") is not None:
+                result.lines = _lines_from_json(data["lines"])
+            result.lines_missing = str(data.get("lines_missing") or "")
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise CoverageMapError(f"{source}: a damaged coverage map ({exc!r})") from None
         if not REVISION.match(result.revision):
             raise CoverageMapError(f"{source}: revision {result.revision!r} is not a commit id")
@@ -174,6 +199,56 @@ class CoverageMap:
         except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CoverageMapError(f"{path}: not a readable coverage map ({exc})") from None
         return cls.from_json(data, source=str(path))
+
+
+def ranges(numbers: Iterable[int]) -> str:
+    """``1,2,3,7,9,10`` -> ``"1-3,7,9-10"``."""
+    out: list[str] = []
+    run: list[int] = []
+    for n in sorted(set(numbers)):
+        if run and n == run[-1] + 1:
+            run[-1] = n
+        else:
+            if run:
+                out.append(str(run[0]) if run[0] == run[1] else f"{run[0]}-{run[1]}")
+            run = [n, n]
+    if run:
+        out.append(str(run[0]) if run[0] == run[1] else f"{run[0]}-{run[1]}")
+    return ",".join(out)
+
+
+def parse_ranges(text: str) -> frozenset[int]:
+    """The inverse of ``ranges``; a malformed part raises ValueError."""
+    out: set[int] = set()
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        start, end = int(first), int(last or first)
+        if not 0 < start <= end or end - start > 1_000_000:
+            raise ValueError(f"bad line range {part!r}")
+        out.update(range(start, end + 1))
+    return frozenset(out)
+
+
+def _lines_to_json(lines: Mapping[str, Lines]) -> dict[str, Any]:
+    files: dict[str, int] = {}
+    sets: dict[tuple[tuple[int, str], ...], int] = {}
+    tests: dict[str, int] = {}
+    for test in sorted(lines):
+        entry = tuple(
+            sorted((files.setdefault(f, len(files)), ranges(n)) for f, n in lines[test].items())
+        )
+        tests[test] = sets.setdefault(entry, len(sets))
+    return {
+        "files": list(files),
+        "sets": [[list(pair) for pair in entry] for entry in sets],
+        "tests": tests,
+    }
+
+
+def _lines_from_json(data: Mapping[str, Any]) -> dict[str, Lines]:
+    files = [str(f) for f in data["files"]]
+    sets = [{files[int(i)]: parse_ranges(str(r)) for i, r in entry} for entry in data["sets"]]
+    return {str(test): sets[int(number)] for test, number in data["tests"].items()}
 
 
 def refusal(cmap: CoverageMap, error: str | None = None) -> str | None:
@@ -227,6 +302,14 @@ class CoverageIndex:
 
     def known(self, function: Function) -> bool:
         return function in self.by_function
+
+    def lines_of(self, test: str, file: str) -> frozenset[int] | None:
+        """The lines of ``file`` the test executed, or None when the map does not know them
+        (recorded at function level, or kept from an older map whose file has changed)."""
+        recorded = self.map.lines.get(test)
+        if recorded is None:
+            return None
+        return recorded.get(file, frozenset())
 
     def resolve(self, file: str, qualname: str) -> list[Function]:
         """The map's functions for a changed def: the same qualified name, or a method or

@@ -13,11 +13,17 @@ packages, pytest) is left out.
 A test that starts threads or processes, or replaces the profiler, is recorded as far as the
 profiler saw and flagged; the plugin never fails a test.
 
+``--coverage-lines`` also records the lines each test executed in the upstream's code files,
+through coverage.py (its C tracer, one dynamic context per test) when the recording Python has
+it installed; without it the map says why it holds no lines. Lines are kept for a whole map
+(``--record-coverage``) only: a shard's stream stays at function level.
+
 Enable with ``-p test_selection.coverage_recorder --record-coverage FILE --coverage-root DIR``
 (one map, written when the session ends), or ``--coverage-stream FILE`` (a relay shard: each
-test's record is appended as it ends, so a test process that crashes, or one forked per crash
-by the shard's restarts, loses nothing already recorded; ``coverage_map.read_streams`` turns
-the lines into a map).
+upstream test's record is appended when the next test starts, or every second through a long
+run of its variants, so a test process that crashes, or one forked per crash by the shard's
+restarts, loses at most the last second of the test it crashed in; ``coverage_map.read_streams``
+turns the lines into a map).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import threading
 import time
 import types
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -58,6 +65,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--coverage-repository", default=None, help="owner/name recorded in the map")
     group.addoption("--coverage-revision", default="working-tree", help="the commit recorded")
     group.addoption("--coverage-backend", default=None, help="the backend recorded")
+    group.addoption(
+        "--coverage-lines",
+        action="store_true",
+        default=False,
+        help="also record the lines each test executed (needs coverage.py)",
+    )
     group.addoption(
         "--coverage-package",
         action="append",
@@ -188,6 +201,20 @@ class StreamWriter:
         known.update(new)
 
 
+FLUSH_SECONDS = 1.0  # a shard's stream gets a long run of variants' record at least this often
+
+
+@dataclass
+class _Pending:
+    """The upstream test being profiled: its id, profiler, flags and first variant."""
+
+    test: str
+    profiler: cProfile.Profile
+    flags: set[str]
+    item: pytest.Item
+    started: float = field(default_factory=time.monotonic)
+
+
 class Recorder:
     def __init__(self, config: pytest.Config) -> None:
         opt = config.option
@@ -202,10 +229,29 @@ class Recorder:
             backend=opt.coverage_backend,
         )
         self.current_flags: set[str] | None = None
+        self.pending: _Pending | None = None  # the upstream test being profiled
+        self.lines: LineTracer | None = None
+        if opt.coverage_lines and self.stream is None:
+            try:
+                self.lines = LineTracer(self._code_folders(packages), self.namer)
+            except ImportError:
+                self.map.lines_missing = "coverage.py is not installed in the recording Python"
+            except Exception as exc:  # another tracer holds the interpreter: functions only
+                self.map.lines_missing = f"coverage.py could not start ({exc})"[:300]
         self.started = time.monotonic()
         self.collection_errors: list[str] = []
         threading.setprofile(self._thread_started)
         sys.addaudithook(self._audit)
+
+    def _code_folders(self, packages: list[str]) -> list[str]:
+        """Where the upstream's code lives: its packages' folders in the checkout and
+        installed, or the whole checkout when it has no package folder."""
+        folders = [folder for folder, _package in self.namer.installed]
+        for package in packages:
+            for base in (self.root, self.root / "src"):
+                if (base / package / "__init__.py").is_file():
+                    folders.append(str(base / package))
+        return folders or [str(self.root)]
 
     def _thread_started(self, frame: Any, event: str, arg: Any) -> None:
         if self.current_flags is not None:
@@ -223,33 +269,52 @@ class Recorder:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-        flags: set[str] = set()
-        self.current_flags = flags
-        profiler = cProfile.Profile()
+        """Profile the test. Consecutive variants of one upstream test (a parametrized test's
+        cases, a device-generic test's dtypes) share one profiler and one record, read when
+        the next upstream test starts: the map keeps their union anyway, and reading a
+        profile once per variant cost milliseconds each (tens of thousands of variants)."""
+        test = generic_test_id(item, self.root)
+        pending = self.pending
+        if pending is not None and pending.test != test:
+            self._flush()
+            pending = None
+        if pending is None:
+            pending = self.pending = _Pending(test, cProfile.Profile(), set(), item)
+        self.current_flags = pending.flags
+        if self.lines is not None:
+            self.lines.switch(test, self.namer(str(item.path)))
         try:
-            profiler.enable()
+            pending.profiler.enable()
         except ValueError:  # another profiler holds the interpreter
-            flags.add("failed-to-record")
+            pending.flags.add("failed-to-record")
         try:
             yield
         finally:
-            replaced = sys.getprofile() is not cast(object, profiler)
-            profiler.disable()
+            replaced = sys.getprofile() is not cast(object, pending.profiler)
+            pending.profiler.disable()
             if replaced:
-                flags.add("profiler-replaced")
+                pending.flags.add("profiler-replaced")
             self.current_flags = None
-            test = generic_test_id(item, self.root)
-            try:
-                functions = self._functions(profiler, item)
-            except Exception:  # never fail a test over its record
-                functions = {}
-                flags.add("failed-to-record")
-            if self.stream is not None:
-                # a full disk: the map loses a test, the test runs on
-                with contextlib.suppress(OSError):
-                    self.stream.add(test, functions, flags)
-            else:
-                self.map.add(test, functions, flags)
+            # a shard's stream: what a crash would lose stays under a second of variants
+            if self.stream is not None and time.monotonic() - pending.started > FLUSH_SECONDS:
+                self._flush()
+
+    def _flush(self) -> None:
+        """Write the pending test's record (its variants so far)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        try:
+            functions = self._functions(pending.profiler, pending.item)
+        except Exception:  # never fail a test over its record
+            functions = {}
+            pending.flags.add("failed-to-record")
+        if self.stream is not None:
+            # a full disk: the map loses a test, the test runs on
+            with contextlib.suppress(OSError):
+                self.stream.add(pending.test, functions, pending.flags)
+        else:
+            self.map.add(pending.test, functions, pending.flags)
 
     def _functions(self, profiler: cProfile.Profile, item: pytest.Item) -> dict[Function, int]:
         """Named functions the test executed, each with its distance in calls from the test
@@ -306,12 +371,59 @@ class Recorder:
                     self.stream.collection_error(self.collection_errors[-1])
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self._flush()
         threading.setprofile(None)
         self.map.seconds = time.monotonic() - self.started
         self.map.collected = session.testscollected
         self.map.collection_errors = self.collection_errors[:MAX_ERRORS]
+        if self.lines is not None:
+            for test, lines in self.lines.finish().items():
+                if test in self.map.tests:
+                    self.map.add(test, {}, (), lines)
         if self.output is not None:
             self.map.save(self.output)
+
+
+class LineTracer:
+    """The lines each test executed in the upstream's code, through coverage.py: one
+    in-memory measurement for the session, one dynamic context per test (its id), read back
+    per file at the end. A test's own file and ``conftest.py`` files are left out (the
+    selector asks about changed code, never about test files)."""
+
+    def __init__(self, folders: list[str], namer: Namer) -> None:
+        import coverage  # ImportError: the caller records functions only
+
+        self.namer = namer
+        self.current = ""
+        self.test_files: set[str] = set()
+        self.coverage = coverage.Coverage(
+            data_file=None, source=folders, config_file=False, branch=False
+        )
+        self.coverage.start()
+
+    def switch(self, test: str, test_file: str | None) -> None:
+        """Count what runs from now on for ``test`` (consecutive variants of one upstream
+        test stay in one context: a switch costs a write of the context's lines)."""
+        if test_file:
+            self.test_files.add(test_file)
+        if test != self.current:
+            self.current = test
+            self.coverage.switch_context(test)
+
+    def finish(self) -> dict[str, dict[str, set[int]]]:
+        """test -> file -> lines; the measurement stops."""
+        self.coverage.stop()
+        data = self.coverage.get_data()
+        out: dict[str, dict[str, set[int]]] = {}
+        for path in data.measured_files():
+            name = self.namer(path)
+            if name is None or name in self.test_files or name.endswith("conftest.py"):
+                continue
+            for line, tests in data.contexts_by_lineno(path).items():
+                for test in tests:
+                    if test:
+                        out.setdefault(test, {}).setdefault(name, set()).add(line)
+        return out
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -40,6 +40,9 @@ class CoverageUse:
     reach: dict[TestId, Reach] = field(default_factory=dict)
     # each known changed function ("file:qualname") -> the map's functions it resolved to
     targets: dict[str, list[Function]] = field(default_factory=dict, repr=False)
+    # known changed functions whose change is confined to body statements, with those
+    # statements' lines, where the map has lines and the file is as the map recorded it
+    lines: dict[str, frozenset[int]] = field(default_factory=dict, repr=False)
     # how the plan used it: "hand" (evidence beside the hand weights), "unused" (the
     # backtest found no gain), or the backtest's REACHED_FIRST / REACHED_FILES
     used: str = ""
@@ -102,6 +105,7 @@ class CoverageUse:
             "changed_functions": len(self.changed),
             "known_functions": self.known[:200],
             "tests_reached": len(self.reach),
+            "line_level": sorted(self.lines)[:200],
         }
 
 
@@ -183,7 +187,35 @@ def use_map(
     for test, reach in index.reaches(targets).items():
         if test in by_id:
             use.reach[by_id[test]] = reach
+    use.lines = _line_level(use, change, cmap, repo)
     return use
+
+
+def _line_level(
+    use: CoverageUse, change: ChangeAnalysis, cmap: CoverageMap, repo: Repo
+) -> dict[str, frozenset[int]]:
+    """The changed statements' lines of each known changed function, where the map has lines
+    of its file as the base has it (a file changed between the map's revision and the base
+    may have moved its lines: that function counts whole)."""
+    wanted = {s: change.lines[s] for s in use.known if s in change.lines}
+    if not wanted or not cmap.lines:
+        return {}
+    moved: set[str] = set()
+    if cmap.revision not in ("working-tree", change.base):
+        try:
+            moved = set(
+                repo.text(
+                    "diff", "--name-only", "-z", "--no-renames", "--end-of-options",
+                    cmap.revision, change.base,
+                ).split("\0")
+            )  # fmt: skip
+        except GitError:
+            return {}
+    return {
+        symbol: lines
+        for symbol, lines in wanted.items()
+        if not any(f[0] in moved for f in use.targets[symbol])
+    }
 
 
 def reached_first(order: Sequence[int], reaches: Sequence[Reach | None]) -> list[int]:

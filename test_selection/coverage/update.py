@@ -32,6 +32,7 @@ class Update:
     rerun: list[str] | None
     kept: dict[str, dict[tuple[str, str], int]]
     reason: str
+    changed: frozenset[str] = frozenset()  # paths changed since the old map's revision
 
 
 def test_file(test: str) -> str:
@@ -132,8 +133,9 @@ def plan_update(
     return Update(
         sorted(rerun),
         kept,
-        f"{len(rerun)} test file(s) run again (changed, or a test of them executed a changed "
-        f"function), {len(kept)} test(s) kept from {old.revision[:12]}"
+        changed=frozenset(changed),
+        reason=f"{len(rerun)} test file(s) run again (changed, or a test of them executed a "
+        f"changed function), {len(kept)} test(s) kept from {old.revision[:12]}"
         + (
             f"; {narrowed} of the {len(code)} changed Python file(s) changed function bodies "
             "only (the rest count as changed in every function)"
@@ -144,10 +146,15 @@ def plan_update(
 
 
 def merged(fresh: CoverageMap, update: Update, old: CoverageMap) -> CoverageMap:
-    """The fresh recording with the kept tests of the old map added (their flags too)."""
+    """The fresh recording with the kept tests of the old map added (their flags too, and
+    their lines unless the change touched a file they ran lines of: there the numbers may
+    have moved, and the map then does not know the test's lines)."""
     for test, functions in update.kept.items():
         if test not in fresh.tests:
-            fresh.add(test, functions, old.flags.get(test, ()))
+            lines = old.lines.get(test)
+            if lines is not None and not update.changed.isdisjoint(lines):
+                lines = None
+            fresh.add(test, functions, old.flags.get(test, ()), lines)
     if fresh.collected is not None:
         fresh.collected += len(update.kept)
     fresh.reused = len(update.kept)
