@@ -13,6 +13,7 @@ from pathlib import Path
 from reuse_specs.loader import FileRules, LoadedSpec, NamePattern, TestRule
 from reuse_specs.modes import Mode
 from reuse_specs.schema import Precision, SupportedModule, SupportedOp
+from reuse_specs.tiers import selects
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def _apply_limits(
 ) -> Decision:
     """Narrow a listed/unlisted mode by labels, supported ops/modules/dtypes and force_xfail."""
     tags = base.tags
-    if label is not None and label not in labels:
+    if label is not None and not selects(label, labels):
         return _skip(f"label {label!r} not among {list(labels) or 'no labels'}", base.listed, tags)
     if base.mode is Mode.SKIP:
         return base

@@ -110,6 +110,23 @@ def _upstream_dir(upstream: Path | None) -> Path:
     return upstream.resolve()
 
 
+def _check_label(label: str | None, specs: list[Path]) -> None:
+    """Refuse a label that is no tier and that no spec carries: it would skip every test."""
+    if label is None:
+        return
+    from reuse_specs.tiers import labels_in, unknown_label
+
+    used: set[str] = set()
+    for file in _spec_files(specs):
+        try:
+            used |= labels_in(file.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue  # the loader reports a file it cannot read
+    why = unknown_label(label, used)
+    if why:
+        raise _fail(f"--label (or TORCH_SPYRE_TEST_TYPE): {why}")
+
+
 def _load_for_run(
     specs: list[Path], upstream: Path | None, backend: str
 ) -> tuple[LoadedSpec, Backend, Path, list[SpecDrift]]:

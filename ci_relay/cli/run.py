@@ -24,6 +24,7 @@ from ci_relay.cli.common import (
     LabelOpt,
     UpstreamOpt,
     _check_backend,
+    _check_label,
     _fail,
     _load_for_run,
     _print_drift,
@@ -195,6 +196,7 @@ def run(
     """
     if tests is not None and not tests.is_file():
         raise _fail(f"--tests {tests}: no such file")
+    _check_label(label, spec)
     if runtime is not None:
         code = _run_isolated(
             spec, upstream, backend, junit, tests, runtime, per_test_timeout, memory_mb, label

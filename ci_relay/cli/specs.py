@@ -16,6 +16,7 @@ from ci_relay.cli.common import (
     LabelOpt,
     UpstreamOpt,
     _check_backend,
+    _check_label,
     _emit_schema,
     _fail,
     _load_for_run,
@@ -41,10 +42,20 @@ specs_app = typer.Typer(help="Validate and inspect reuse specs.", no_args_is_hel
 def specs_check(
     paths: Annotated[list[Path], typer.Argument(help="Spec files or folders of them.")],
     upstream: UpstreamOpt = None,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="Fail (exit 1) on torch-spyre's old tier names and on a config without "
+            "labels (its CHECK 0), as its make check-all-configs does.",
+        ),
+    ] = False,
 ) -> None:
     """Validate spec files; with an upstream tree also check paths, globs and test names.
 
-    Prints every error as FILE:LINE:COL and exits 1 when there is any.
+    Prints every error as FILE:LINE:COL and exits 1 when there is any. Labels are read
+    against torch-spyre's tier ladder: old tier names and a config without labels are
+    named (errors with --strict).
     """
     files = _spec_files(paths)
     if not files:
@@ -67,6 +78,8 @@ def specs_check(
             f"{where}: note: {key} is accepted but not applied by ci-relay",
             markup=False,
         )
+    if _label_notes(files, strict):
+        raise typer.Exit(1)
     tests = sum(len(f.rules) for f in loaded.files)
     scope = (
         f"against {loaded.upstream}"
@@ -77,6 +90,59 @@ def specs_check(
         f"[green]OK[/] {len(files)} spec file(s), {len(loaded.files)} file entries, "
         f"{tests} test entries; {scope}"
     )
+
+
+def _label_notes(files: list[Path], strict: bool) -> int:
+    """Print what the tier ladder says of each spec's labels; how many are errors."""
+    from reuse_specs.tiers import label_notes
+
+    errors = 0
+    for file in files:
+        for note in label_notes(file.read_text(encoding="utf-8", errors="replace")):
+            fatal = strict and note.kind != "no-ladder"
+            errors += fatal
+            where = f"{file}:{note.line}" if note.line else str(file)
+            kind = "error" if fatal else "note"
+            out.print(f"{where}: {kind}: {note.text}", markup=False, soft_wrap=True)
+    if errors:
+        err.print(f"[red]{errors} label error(s)[/] (--strict) in {len(files)} spec file(s)")
+    return errors
+
+
+@specs_app.command("fix-labels")
+def specs_fix_labels(
+    paths: Annotated[list[Path], typer.Argument(help="Spec files or folders of them.")],
+    check: Annotated[
+        bool, typer.Option("--check", help="Change nothing; exit 1 if a file would change.")
+    ] = False,
+) -> None:
+    """Rewrite torch-spyre's old tier names (core, device_critical, full) to the new ones
+    (unit, integration, regression) in place, keeping comments, quoting and layout."""
+    from reuse_specs.tiers import rename_old_labels
+
+    files = _spec_files(paths)
+    if not files:
+        raise _fail("no spec files found")
+    changed = 0
+    for file in files:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise _fail(f"{file}: cannot read it as UTF-8 text ({exc}); nothing changed") from None
+        new, done = rename_old_labels(text)
+        if not done:
+            continue
+        changed += 1
+        for line, old, name in done:
+            out.print(f"{file}:{line}: {old} -> {name}", markup=False, soft_wrap=True)
+        if not check:
+            tmp = file.with_name(f".{file.name}.fix-labels")
+            tmp.write_text(new, encoding="utf-8")
+            tmp.replace(file)
+    verb = "would change" if check else "changed"
+    out.print(f"{changed} of {len(files)} spec file(s) {verb}")
+    if check and changed:
+        raise typer.Exit(1)
 
 
 @specs_app.command("schema")
@@ -234,6 +300,7 @@ def specs_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List every test variant the spec covers, with its mode and why (collects, runs nothing)."""
+    _check_label(label, specs)
     loaded, profile, root, _drift = _load_for_run(specs, upstream, backend)
     _check_backend(profile)
     spec_files = _spec_files(specs)
