@@ -7,9 +7,14 @@ repositories built here."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from test_selection.coverage.floor import floor_for
 from test_selection.coverage.map import CoverageMap
@@ -55,6 +60,27 @@ def _record(cli: Callable[..., CliResult], repo: GitRepo, rev: str, out: Path) -
     assert done.code == 0, done.output
 
 
+@pytest.fixture(scope="module")
+def base_map(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The upstream at its base and its map, recorded once for the module (a recording
+    costs seconds); each test works on a copy of the checkout."""
+    root = tmp_path_factory.mktemp("floor")
+    repo, base = _upstream(root)
+    cmap = root / "map.json.gz"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ci_relay", "coverage", "record", "--upstream", str(repo.path),
+         "--rev", base, "-o", str(cmap)],
+        capture_output=True, text=True, check=False, cwd=root, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return repo.path, cmap
+
+
+def _recorded_copy(base_map: tuple[Path, Path], tmp_path: Path) -> tuple[GitRepo, Path]:
+    shutil.copytree(base_map[0], tmp_path / "up")
+    return GitRepo(tmp_path / "up"), base_map[1]
+
+
 def _plan(cli: Callable[..., CliResult], repo: GitRepo, cmap: Path, budget: str) -> Any:
     done = cli(
         "select", "--upstream", repo.path, "--base", "HEAD~1", "--head", "HEAD",
@@ -72,11 +98,9 @@ def _edit(*impls: int) -> str:
 
 
 def test_a_function_only_one_test_reaches_gets_that_test_at_one_percent(
-    tmp_path: Path, cli: Callable[..., CliResult]
+    base_map: tuple[Path, Path], tmp_path: Path, cli: Callable[..., CliResult]
 ) -> None:
-    repo, base = _upstream(tmp_path)
-    cmap = tmp_path / "map.json.gz"
-    _record(cli, repo, base, cmap)
+    repo, cmap = _recorded_copy(base_map, tmp_path)
     repo.commit(
         "fix 23, add a helper no test runs",
         {"pkg/core.py": _edit(23), "pkg/util.py": UTIL + "\ndef halve(x):\n    return x / 2\n"},
@@ -102,11 +126,9 @@ def test_a_function_only_one_test_reaches_gets_that_test_at_one_percent(
 
 
 def test_a_floor_beyond_the_budget_keeps_its_most_specific_part_and_says_so(
-    tmp_path: Path, cli: Callable[..., CliResult]
+    base_map: tuple[Path, Path], tmp_path: Path, cli: Callable[..., CliResult]
 ) -> None:
-    repo, base = _upstream(tmp_path)
-    cmap = tmp_path / "map.json.gz"
-    _record(cli, repo, base, cmap)
+    repo, cmap = _recorded_copy(base_map, tmp_path)
     repo.commit("fix 5 and 23", {"pkg/core.py": _edit(5, 23)}, dedent=False)
     tight = _plan(cli, repo, cmap, "1")
     assert [t["test"] for t in tight["selected"]] == ["tests/test_core.py::test_case_05"]
@@ -201,11 +223,9 @@ def test_other_executing_tests_take_up_to_their_share_of_the_budget_most_specifi
 
 
 def test_the_plan_says_how_many_executing_tests_it_took_and_why_each(
-    tmp_path: Path, cli: Callable[..., CliResult]
+    base_map: tuple[Path, Path], tmp_path: Path, cli: Callable[..., CliResult]
 ) -> None:
-    repo, base = _upstream(tmp_path)
-    cmap = tmp_path / "map.json.gz"
-    _record(cli, repo, base, cmap)
+    repo, cmap = _recorded_copy(base_map, tmp_path)
     repo.commit("fix 5 and 23", {"pkg/core.py": _edit(5, 23)}, dedent=False)
     plan = _plan(cli, repo, cmap, "10")
     chosen = [t["test"] for t in plan["selected"]]
@@ -224,11 +244,9 @@ def test_the_plan_says_how_many_executing_tests_it_took_and_why_each(
 
 
 def test_an_executing_test_the_change_edits_is_not_counted_as_taken_for_having_executed(
-    tmp_path: Path, cli: Callable[..., CliResult]
+    base_map: tuple[Path, Path], tmp_path: Path, cli: Callable[..., CliResult]
 ) -> None:
-    repo, base = _upstream(tmp_path)
-    cmap = tmp_path / "map.json.gz"
-    _record(cli, repo, base, cmap)
+    repo, cmap = _recorded_copy(base_map, tmp_path)
     edited = TESTS.replace(
         f"assert [dispatch(i) for i in range({N})]",
         f"assert len([dispatch(i) for i in range({N})]) == {N}",
