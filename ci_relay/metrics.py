@@ -55,3 +55,22 @@ class Metrics:
             ["backend", "figure"],
             registry=self.registry,
         )
+        self.demotion = Gauge(
+            "ci_relay_demotion_figure",
+            "CRCR's L3 demotion figures over the fixed 7 days (seconds or a ratio)",
+            ["backend", "figure"],
+            registry=self.registry,
+        )
+        self.demotion_met = Gauge(
+            "ci_relay_demotion_met",
+            "1 when a backend's demotion figure is within its target, 0 when not",
+            ["backend", "figure"],
+            registry=self.registry,
+        )
+        self.readiness = Gauge(
+            "ci_relay_readiness",
+            "1 for each backend's L3 readiness state (ready, not ready, within targets, "
+            "temporarily demoted, demoted), 0 for the others",
+            ["backend", "state"],
+            registry=self.registry,
+        )

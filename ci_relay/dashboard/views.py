@@ -493,23 +493,30 @@ def to_json(view: Any) -> Any:
 
 @dataclass(frozen=True)
 class HealthFigure:
-    """One of CRCR's L3 promotion figures for a backend, beside its threshold."""
+    """One of CRCR's L3 figures for a backend over one window, beside its threshold."""
 
     key: str
     name: str
-    unit: str  # seconds | ratio
+    unit: str  # seconds | ratio | days
     value: float | None  # None: no run in the window measured it
     threshold: float
     lower_is_better: bool
     met: bool | None
+    window_days: int = 14
 
 
 @dataclass(frozen=True)
 class BackendHealth:
     backend: str
-    runs: int  # finished runs in the window
-    figures: list[HealthFigure]
-    ready: bool  # every figure met: the numbers CRCR asks for before L3
+    runs: int  # finished pull-request runs in the promotion window (latest attempts)
+    figures: list[HealthFigure]  # the promotion figures
+    ready: bool  # every promotion figure measured and met: the numbers CRCR asks for
+    level: str = "L2"  # the level of the backend's newest run
+    # ready | not ready (at L2), within targets | temporarily demoted (at L3), demoted
+    state: str = "not ready"
+    reasons: list[str] = field(default_factory=list)  # why the state is what it is
+    demotion_figures: list[HealthFigure] = field(default_factory=list)  # the fixed 7 days
+    demotion_runs: int = 0
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ci_relay.api_docs import NOT_FOUND, DbId
 from ci_relay.context import RelayContext
-from ci_relay.dashboard.queries.health import health
+from ci_relay.dashboard.queries.health import STATES, health
 from ci_relay.metrics import Metrics
 from ci_relay.store.database import ping
 from ci_relay.store.models import (
@@ -216,6 +216,13 @@ def make_router(rt: RelayContext, metrics: Metrics, broker_ok: Callable[[], bool
                     metrics.promotion.labels(backend.backend, figure.key).set(figure.value)
                 if figure.met is not None:
                     metrics.promotion_met.labels(backend.backend, figure.key).set(int(figure.met))
+            for figure in backend.demotion_figures:
+                if figure.value is not None:
+                    metrics.demotion.labels(backend.backend, figure.key).set(figure.value)
+                if figure.met is not None:
+                    metrics.demotion_met.labels(backend.backend, figure.key).set(int(figure.met))
+            for state in STATES:
+                metrics.readiness.labels(backend.backend, state).set(int(state == backend.state))
 
     @router.get(
         "/metrics",
