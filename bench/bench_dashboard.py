@@ -267,7 +267,11 @@ def timed(get: Callable[[], Any], repeat: int) -> list[float]:
 
 
 def app_for(url: str, data: Path) -> tuple[RelayContext, TestClient]:
-    rt = RelayContext(Settings(database_url=url, data_dir=data, webhook_secret="bench"))
+    # the stored runs start on START: a window of a year holds them all (L3 readiness)
+    settings = Settings(
+        database_url=url, data_dir=data, webhook_secret="bench", health_window_days=365
+    )
+    rt = RelayContext(settings)
     rt.db.upgrade()
     return rt, TestClient(create_app(rt, lambda steps: None))
 
@@ -278,6 +282,17 @@ def _line(label: str, samples: list[float], baseline: float) -> float:
     p95 = samples[min(len(samples) - 1, int(0.95 * len(samples)))]
     print(f"{label[:48]:48} {median * 1000:8.1f}ms {p95 * 1000:8.1f}ms {median / baseline:9.2f}x")
     return median
+
+
+def _print_health(health: dict[str, Any]) -> None:
+    """What L3 readiness says of the generated store (every run a pull request's, at L2)."""
+    print(f"L3 readiness over {health['window_days']} days:")
+    for b in health["backends"]:
+        figures = {f["key"]: f["value"] for f in b["figures"]}
+        shown = ", ".join(
+            f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items()
+        )
+        print(f"  {b['backend']}: {b['level']}, {b['runs']} runs, {b['state']}; {shown}")
 
 
 def main() -> None:
@@ -337,9 +352,13 @@ def main() -> None:
             f"/runs/{some_run}",
             "/tests?nodeid=test/test_ops_0.py::TestOpsCPU::test_case_0_cpu",
             "/trends",
+            "/health",
+            "/api/health",
+            "/metrics",
         ]
         for url in pages:
             _line(url, timed(lambda url=url: full.get(url), args.repeat), baseline)  # type: ignore[misc]
+        _print_health(full.get("/api/health").json())
         big = add_large_run(full_rt, args.failures)
         ordinary = full.get(f"/runs/{some_run}").text
         print(
