@@ -194,3 +194,55 @@ def test_a_datetime_without_zone_compares_as_utc() -> None:
     assert _after(datetime(2026, 1, 2, 0, 0, 1), since)
     assert not _after(datetime(2026, 1, 1, 23, 59), since)
     assert not _after(None, since)
+
+
+def test_each_figure_leads_to_the_runs_behind_it_then_the_unfinished_and_overdue(
+    relay: Relay, store: Store
+) -> None:
+    from ci_relay.store.models import Triage
+
+    seed = Seed(store)
+    failed = seed.run("spyre", timedelta(days=1), level="L3", conclusion="failure")
+    store.session.add(Triage(run=failed, state="done", verdict={"category": "upstream"}))
+    seed.run("spyre", timedelta(days=2), level="L3", conclusion="failure", timed_out=True)
+    long = seed.run("spyre", timedelta(days=3), level="L3", execution=4 * HOUR)
+    slow_queue = seed.run("spyre", timedelta(days=4), level="L3", queue=40 * 60)
+    seed.run("spyre", timedelta(days=5), level="L3")  # passed, quick: behind nothing
+    seed.run("cpu", timedelta(days=1), conclusion="failure")  # another backend's
+    now = utcnow()
+    running = store.run(store.change(sha(1), at=now - timedelta(hours=5)), "spyre", state="running",
+                        conclusion=None)  # fmt: skip
+    waiting = store.run(store.change(sha(2), at=now - timedelta(minutes=45)), "spyre",
+                        state="pending", conclusion=None)  # fmt: skip
+    waiting.started_at = None
+    fresh = store.run(store.change(sha(3), at=now - timedelta(minutes=5)), "spyre",
+                      state="pending", conclusion=None)  # fmt: skip
+    fresh.started_at = None
+    store.session.commit()
+
+    def behind(figure: str) -> dict[str, Any]:
+        got = relay.client.get(f"/api/health/spyre?figure={figure}")
+        assert got.status_code == 200, got.text
+        return dict(got.json())
+
+    passing = behind("pass_rate")
+    assert [r["why"] for r in passing["runs"]] == ["ended failure", "ended failure"]
+    assert {r["run_id"]: r["triage"] for r in passing["runs"]}[failed.id] == "upstream"
+    assert [r["run_id"] for r in behind("overrun_rate")["runs"]] == [long.id]
+    assert [r["run_id"] for r in behind("queue_time_avg")["runs"]] == [slow_queue.id]
+    assert behind("timeout_rate")["runs"][0]["why"] == "a test or a shard hit its time limit"
+    assert [r["run_id"] for r in behind("end_to_end_p50")["runs"]] == [long.id]
+    quiet = behind("")
+    assert quiet["runs"] == [] and quiet["overdue"] == 2
+    assert [r["run_id"] for r in quiet["unfinished"]] == [running.id, waiting.id, fresh.id]
+    assert quiet["unfinished"][0]["why"].startswith("overdue: going for 5.0 h")
+    assert quiet["unfinished"][1]["why"].startswith("overdue: queued 45 min without starting")
+    assert quiet["unfinished"][2]["why"] == "pending"
+    # from the readiness page, each figure is a link to its runs
+    page = relay.client.get("/health").text
+    assert 'href="/health/spyre?figure=pass_rate&amp;days=14"' in page
+    html = text_of(relay.client.get("/health/spyre?figure=pass_rate").text)
+    assert "Behind the job success rate: 2 runs" in html and "upstream" in html
+    assert "Unfinished: 3, 2 overdue" in html
+    for bad in ("/health/spyre?figure=bogus", "/api/health/BAD!", "/api/health/spyre?days=0"):
+        assert relay.client.get(bad).status_code in (404, 422), bad

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
+from fastapi import Path as Path_
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment
@@ -316,3 +317,38 @@ def health_html(request: Request, days: int | None = Query(None, ge=1, le=365)) 
 def health_api(request: Request, days: int | None = Query(None, ge=1, le=365)) -> JSONResponse:
     window = days or request.app.state.dashboard.rt.settings.health_window_days
     return JSONResponse(to_json(read(request, lambda s: queries.health(s, window))))
+
+
+HealthFigureQuery = Annotated[
+    str,
+    Query(
+        pattern=r"^(|pass_rate|timeout_rate|overrun_rate|end_to_end_p50|queue_time_avg)$",
+        description="the figure whose runs to list ('': only the unfinished and overdue runs)",
+    ),
+]
+BackendPath = Annotated[str, Path_(max_length=32, pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")]
+
+
+@router.get("/health/{backend}", response_class=HTMLResponse)
+def health_runs_html(
+    request: Request,
+    backend: BackendPath,
+    figure: HealthFigureQuery = "",
+    days: int | None = Query(None, ge=1, le=365),
+) -> HTMLResponse:
+    window = days or request.app.state.dashboard.rt.settings.health_window_days
+    view = read(request, lambda s: queries.health_runs(s, backend, window, figure))
+    return page(request, "health_runs.html", f"L3 readiness · {backend}", view=view)
+
+
+@router.get("/api/health/{backend}", response_class=JSONResponse, responses=JSON_ANY)
+def health_runs_api(
+    request: Request,
+    backend: BackendPath,
+    figure: HealthFigureQuery = "",
+    days: int | None = Query(None, ge=1, le=365),
+) -> JSONResponse:
+    window = days or request.app.state.dashboard.rt.settings.health_window_days
+    return JSONResponse(
+        to_json(read(request, lambda s: queries.health_runs(s, backend, window, figure)))
+    )

@@ -520,6 +520,37 @@ class BackendHealth:
 
 
 @dataclass(frozen=True)
+class HealthRun:
+    """A run behind one of a backend's L3 figures: its change, what it measured, its verdict."""
+
+    run_id: int
+    repository: str
+    number: int | None  # the pull request
+    head_sha: str
+    state: str
+    conclusion: str | None
+    created_at: datetime
+    value: float | None  # what the run contributes to the figure (seconds), if it is a time
+    why: str  # why it is listed
+    triage: str | None  # the triage verdict's category, "triaging", or None
+
+
+@dataclass(frozen=True)
+class HealthRuns:
+    """The runs behind one figure of one backend (``/health/{backend}``): only those that
+    count against it, then the runs still unfinished and those overdue."""
+
+    backend: str
+    figure: str  # a figure's key, or "" for the unfinished and overdue runs only
+    name: str
+    window_days: int
+    since: datetime
+    runs: list[HealthRun]
+    unfinished: list[HealthRun]
+    overdue: int  # of the unfinished, those past the figures' limits (queue or end to end)
+
+
+@dataclass(frozen=True)
 class Health:
     window_days: int
     since: datetime

@@ -12,6 +12,7 @@ upgrade's comparison), with what they share in ``common``.
 
 from ci_relay.dashboard.queries.grid import grid
 from ci_relay.dashboard.queries.health import health
+from ci_relay.dashboard.queries.health_runs import health_runs
 from ci_relay.dashboard.queries.history import history
 from ci_relay.dashboard.queries.runs import commit_page, pull_request_page, result_details, run_page
 from ci_relay.dashboard.queries.trends import trends
@@ -21,6 +22,7 @@ __all__ = [
     "commit_page",
     "grid",
     "health",
+    "health_runs",
     "history",
     "pull_request_page",
     "result_details",
