@@ -198,6 +198,8 @@ def body_lines(span: _Span, hunks: list[tuple[int, int, int, int]]) -> frozenset
     first = body[0].lineno
     touched: set[int] = set()
     for old_start, old_count, _new_start, _new_count in hunks:
+        if not old_count and start <= old_start <= end and old_start + 1 > end:
+            return None  # added after the last statement: every path reaching the end runs it
         lines = range(old_start, old_start + old_count) if old_count else (old_start, old_start + 1)
         touched.update(n for n in lines if start <= n <= end)
     if not touched or min(touched) < first:

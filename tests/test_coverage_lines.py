@@ -203,6 +203,7 @@ def test_changed_statements_are_named_by_their_first_line() -> None:
     assert body_lines(span, [(4, 1, 4, 1)]) == frozenset({3})  # inside a call spread over lines
     assert body_lines(span, [(7, 1, 7, 1)]) == frozenset({7})
     assert body_lines(span, [(6, 0, 7, 1)]) == frozenset({6, 7})  # an insertion: both neighbours
+    assert body_lines(span, [(8, 0, 9, 1)]) is None  # added after the last statement
     assert body_lines(span, [(1, 1, 1, 1)]) is None  # the signature
     assert body_lines(span, [(2, 1, 2, 1)]) is None  # the docstring
 
