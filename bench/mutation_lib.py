@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from test_selection.change_analysis import body_statements
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OPERATORS = ("raise", "return", "swap-args", "off-by-one", "drop-keyword")
@@ -108,20 +110,8 @@ def _function_nodes(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFu
     return out
 
 
-def _body(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.stmt]:
-    body = list(node.body)
-    if (
-        body
-        and isinstance(body[0], ast.Expr)
-        and isinstance(body[0].value, ast.Constant)
-        and isinstance(body[0].value.value, str)
-    ):
-        body = body[1:]
-    return body
-
-
 def _trivial(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    body = _body(node)
+    body = body_statements(node)
     if not body:
         return True
     if len(body) == 1:
@@ -149,7 +139,7 @@ def functions(text: str) -> list[str]:
             continue
         if any(d.endswith((".setter", ".getter", ".deleter")) for d in decorators):
             continue
-        if _trivial(node) or _body(node)[0].lineno == node.lineno:
+        if _trivial(node) or body_statements(node)[0].lineno == node.lineno:
             continue
         out.append(name)
     return out
@@ -159,7 +149,7 @@ def _inner(node: ast.AST) -> list[ast.AST]:
     """The nodes of a function's body (not its signature or decorators), in source order."""
     found: list[ast.AST] = []
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-        for stmt in _body(node):
+        for stmt in body_statements(node):
             found.extend(ast.walk(stmt))
     found.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
     return found
@@ -184,7 +174,7 @@ def _candidates(text: str, fn: ast.FunctionDef | ast.AsyncFunctionDef, operator:
     nodes = _inner(fn)
     edits: list[Edit] = []
     if operator == "raise":
-        first = _body(fn)[0]
+        first = body_statements(fn)[0]
         indent = " " * first.col_offset
         message = f"mutant: {fn.name} raises"
         edits.append(

@@ -177,6 +177,19 @@ def _changed_defs(
     return changed
 
 
+def body_statements(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.stmt]:
+    """A function's statements without its docstring."""
+    body = list(node.body)
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
+        body = body[1:]
+    return body
+
+
 def body_lines(span: _Span, hunks: list[tuple[int, int, int, int]]) -> frozenset[int] | None:
     """The statements of a function's body (at the base) a diff touched, each by its first
     line (the line a line tracer records for it), or None when the change reaches its
@@ -185,14 +198,7 @@ def body_lines(span: _Span, hunks: list[tuple[int, int, int, int]]) -> frozenset
     node, start, end = span
     if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
         return None
-    body = node.body
-    if (
-        body
-        and isinstance(body[0], ast.Expr)
-        and isinstance(body[0].value, ast.Constant)
-        and isinstance(body[0].value.value, str)
-    ):
-        body = body[1:]
+    body = body_statements(node)
     if not body:
         return None
     first = body[0].lineno
