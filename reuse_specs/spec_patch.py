@@ -44,13 +44,13 @@ class PatchError(ValueError):
 
 
 @dataclass(frozen=True)
-class _Span:
+class Span:
     start: int
     end: int
     text: str
 
 
-def _value(mapping: MappingNode, key: str) -> Node | None:
+def mapping_value(mapping: MappingNode, key: str) -> Node | None:
     for key_node, value_node in mapping.value:
         if isinstance(key_node, ScalarNode) and key_node.value == key:
             found: Node = value_node
@@ -58,7 +58,7 @@ def _value(mapping: MappingNode, key: str) -> Node | None:
     return None
 
 
-def _quoted(node: ScalarNode, new: str) -> str:
+def quoted(node: ScalarNode, new: str) -> str:
     if node.style == "'":
         return "'" + new.replace("'", "''") + "'"
     if node.style == '"':
@@ -76,10 +76,10 @@ def _marker(edit: SpecEdit | None) -> str:
     return f"# {reason}: " if reason else REMOVED
 
 
-def _comment_out(text: str, first: int, last: int, marker: str = REMOVED) -> list[_Span]:
+def _comment_out(text: str, first: int, last: int, marker: str = REMOVED) -> list[Span]:
     """Insert the removal marker at the first non-blank column of lines ``first..last``
     (0-based), which keeps their text, comments included."""
-    spans: list[_Span] = []
+    spans: list[Span] = []
     starts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "\n"]
     for line in range(first, last + 1):
         if line >= len(starts):
@@ -90,7 +90,7 @@ def _comment_out(text: str, first: int, last: int, marker: str = REMOVED) -> lis
         if not content.strip() or content.lstrip().startswith("#"):
             continue
         indent = len(content) - len(content.lstrip())
-        spans.append(_Span(begin + indent, begin + indent, marker))
+        spans.append(Span(begin + indent, begin + indent, marker))
     return spans
 
 
@@ -111,11 +111,11 @@ def _entry_lines(seq: SequenceNode, index: int) -> tuple[int, int]:
     return item.start_mark.line, _last_line(item)
 
 
-def _drop_from_flow(seq: SequenceNode, index: int) -> _Span:
+def _drop_from_flow(seq: SequenceNode, index: int) -> Span:
     items = seq.value
     if index + 1 < len(items):
-        return _Span(items[index].start_mark.index, items[index + 1].start_mark.index, "")
-    return _Span(items[index - 1].end_mark.index, items[index].end_mark.index, "")
+        return Span(items[index].start_mark.index, items[index + 1].start_mark.index, "")
+    return Span(items[index - 1].end_mark.index, items[index].end_mark.index, "")
 
 
 def patch_spec_text(text: str, edits: list[SpecEdit]) -> str:
@@ -124,16 +124,16 @@ def patch_spec_text(text: str, edits: list[SpecEdit]) -> str:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         raise PatchError(f"the spec does not parse: {exc}") from None
-    config = _value(root, "test_suite_config") if isinstance(root, MappingNode) else None
-    files = _value(config, "files") if isinstance(config, MappingNode) else None
+    config = mapping_value(root, "test_suite_config") if isinstance(root, MappingNode) else None
+    files = mapping_value(config, "files") if isinstance(config, MappingNode) else None
     if not isinstance(files, SequenceNode):
         raise PatchError("no test_suite_config.files list")
-    spans: list[_Span] = []
+    spans: list[Span] = []
     done: set[SpecEdit] = set()
     for file_index, entry in enumerate(files.value):
         if not isinstance(entry, MappingNode):
             continue
-        path_node = _value(entry, "path")
+        path_node = mapping_value(entry, "path")
         if not isinstance(path_node, ScalarNode):
             continue
         mine = [e for e in edits if e.path == path_node.value]
@@ -145,16 +145,16 @@ def patch_spec_text(text: str, edits: list[SpecEdit]) -> str:
                 done.add(edit)
             elif edit.kind == "rename_file" and edit.new is not None:
                 spans.append(
-                    _Span(
+                    Span(
                         path_node.start_mark.index,
                         path_node.end_mark.index,
-                        _quoted(path_node, edit.new),
+                        quoted(path_node, edit.new),
                     )
                 )
                 done.add(edit)
         if any(e.kind == "remove_file" for e in mine):
             continue
-        tests = _value(entry, "tests")
+        tests = mapping_value(entry, "tests")
         for edit in mine:
             if edit.kind == "add_test":
                 spans.append(_add_test(text, entry, tests, edit))
@@ -183,7 +183,7 @@ def patch_spec_text(text: str, edits: list[SpecEdit]) -> str:
             "no such entry in the spec: "
             + "; ".join(f"{e.kind} {e.old!r} under {e.path!r}" for e in missing)
         )
-    return _apply(text, spans)
+    return apply_spans(text, spans)
 
 
 def _comment(reason: str) -> str:
@@ -191,7 +191,7 @@ def _comment(reason: str) -> str:
     return f"  # {one_line[:160]}" if one_line else ""
 
 
-def _add_test(text: str, entry: MappingNode, tests: Node | None, edit: SpecEdit) -> _Span:
+def _add_test(text: str, entry: MappingNode, tests: Node | None, edit: SpecEdit) -> Span:
     """A new ``tests`` item after the last one (or a new ``tests`` key after the entry),
     indented like its neighbours, in block style."""
 
@@ -206,12 +206,12 @@ def _add_test(text: str, entry: MappingNode, tests: Node | None, edit: SpecEdit)
     if isinstance(tests, SequenceNode) and tests.value and not tests.flow_style:
         dash = tests.value[0].start_mark.column - 2  # block items: "- " before the mapping
         at = _line_end(text, _last_line(tests.value[-1]))
-        return _Span(at, at, item(dash))
+        return Span(at, at, item(dash))
     if tests is not None:
         raise PatchError(f"the tests of {edit.path!r} are not a block list; add {edit.old} by hand")
     key_column = entry.value[0][0].start_mark.column
     at = _line_end(text, _last_line(entry))
-    return _Span(at, at, f"{' ' * key_column}tests:\n" + item(key_column + 2))
+    return Span(at, at, f"{' ' * key_column}tests:\n" + item(key_column + 2))
 
 
 def _line_end(text: str, line: int) -> int:
@@ -225,7 +225,7 @@ def _line_end(text: str, line: int) -> int:
     return index
 
 
-def _set_mode(text: str, tests: SequenceNode, edit: SpecEdit) -> _Span | None:
+def _set_mode(text: str, tests: SequenceNode, edit: SpecEdit) -> Span | None:
     """The mode of the entry that lists only ``edit.old``: its ``mode`` value replaced (the
     reason as the line's comment when the line has none)."""
     for test in tests.value:
@@ -233,12 +233,12 @@ def _set_mode(text: str, tests: SequenceNode, edit: SpecEdit) -> _Span | None:
         if names is None or [getattr(n, "value", None) for n in names.value] != [edit.old]:
             continue
         assert isinstance(test, MappingNode)
-        mode = _value(test, "mode")
+        mode = mapping_value(test, "mode")
         if isinstance(mode, ScalarNode):
             end = mode.end_mark.index
             rest = text[end : text.find("\n", end) if "\n" in text[end:] else len(text)]
             note = "" if "#" in rest else _comment(edit.reason)
-            return _Span(mode.start_mark.index, end, _quoted(mode, edit.new or "") + note)
+            return Span(mode.start_mark.index, end, quoted(mode, edit.new or "") + note)
         return None  # no mode key: the caller adds an entry instead
     return None
 
@@ -246,7 +246,7 @@ def _set_mode(text: str, tests: SequenceNode, edit: SpecEdit) -> _Span | None:
 def _names_of(test: Node) -> SequenceNode | None:
     if not isinstance(test, MappingNode):
         return None
-    names = _value(test, "names")
+    names = mapping_value(test, "names")
     return names if isinstance(names, SequenceNode) else None
 
 
@@ -263,8 +263,8 @@ def _every_entry_dropped(tests: SequenceNode, removals: list[SpecEdit]) -> bool:
 
 def _test_edits(
     text: str, tests: SequenceNode, edits: list[SpecEdit], done: set[SpecEdit]
-) -> list[_Span]:
-    spans: list[_Span] = []
+) -> list[Span]:
+    spans: list[Span] = []
     seen: set[int] = set()  # an anchored list shared by aliases is edited once
     for test_index, test in enumerate(tests.value):
         names = _names_of(test)
@@ -299,13 +299,13 @@ def _test_edits(
             for edit in edits:
                 if edit.kind == "rename_test" and edit.old == node.value and edit.new:
                     spans.append(
-                        _Span(node.start_mark.index, node.end_mark.index, _quoted(node, edit.new))
+                        Span(node.start_mark.index, node.end_mark.index, quoted(node, edit.new))
                     )
                     done.add(edit)
     return spans
 
 
-def _apply(text: str, spans: list[_Span]) -> str:
+def apply_spans(text: str, spans: list[Span]) -> str:
     unique = sorted(set(spans), key=lambda s: (s.start, s.end))
     for before, after in itertools.pairwise(unique):
         if after.start < before.end:

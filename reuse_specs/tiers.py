@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from reuse_specs.spec_patch import PatchError, _apply, _quoted, _Span, _value
+from reuse_specs.spec_patch import PatchError, Span, apply_spans, mapping_value, quoted
 
 LADDER = ("smoke", "unit", "integration", "regression", "trunk")
 RENAMED = {"core": "unit", "device_critical": "integration", "full": "regression"}
@@ -73,22 +73,22 @@ class LabelNote:
 
 def _label_lists(root: Node) -> Iterator[SequenceNode]:
     """Every ``labels`` list of a spec: the suite's, each file entry's, each test entry's."""
-    config = _value(root, "test_suite_config") if isinstance(root, MappingNode) else None
+    config = mapping_value(root, "test_suite_config") if isinstance(root, MappingNode) else None
     if not isinstance(config, MappingNode):
         return
-    found = _value(config, "labels")
+    found = mapping_value(config, "labels")
     if isinstance(found, SequenceNode):
         yield found
-    files = _value(config, "files")
+    files = mapping_value(config, "files")
     for entry in files.value if isinstance(files, SequenceNode) else ():
         if not isinstance(entry, MappingNode):
             continue
-        found = _value(entry, "labels")
+        found = mapping_value(entry, "labels")
         if isinstance(found, SequenceNode):
             yield found
-        tests = _value(entry, "tests")
+        tests = mapping_value(entry, "tests")
         for test in tests.value if isinstance(tests, SequenceNode) else ():
-            found = _value(test, "labels") if isinstance(test, MappingNode) else None
+            found = mapping_value(test, "labels") if isinstance(test, MappingNode) else None
             if isinstance(found, SequenceNode):
                 yield found
 
@@ -154,9 +154,9 @@ def rename_old_labels(text: str) -> tuple[str, list[tuple[int, str, str]]]:
         new = RENAMED.get(node.value)
         if new is None:
             continue
-        spans.append(_Span(node.start_mark.index, node.end_mark.index, _quoted(node, new)))
+        spans.append(Span(node.start_mark.index, node.end_mark.index, quoted(node, new)))
         done.append((node.start_mark.line + 1, node.value, new))
     try:
-        return _apply(text, spans), done
+        return apply_spans(text, spans), done
     except PatchError:  # two labels cannot overlap; a spec that makes them is not one
         return text, []
