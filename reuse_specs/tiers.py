@@ -1,7 +1,7 @@
 """torch-spyre's tier ladder: which spec labels a run of one label takes, the old tier names,
 and the check its ``make check-all-configs`` makes first.
 
-Facts (from ``../shared/DESIGN.md``, the project's record of torch-spyre's format; no code of
+Facts (from the project's design notes, its record of torch-spyre's format; no code of
 theirs): since torch-spyre PR #3675 (2026-08-11) the tiers are, lowest first, smoke, unit,
 integration, regression and trunk, read by its ``.github/scripts/resolve_covered_tiers.py``
 from ``TORCH_SPYRE_TEST_TYPE``; the tiers ``core``, ``device_critical`` and ``full`` were

@@ -167,16 +167,20 @@ def record(
             )
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(written), target)
+    out.print(_recorded(cmap, f"{name}@{sha[:12]}", lines, seconds, code, target), soft_wrap=True)
+
+
+def _recorded(cmap: Any, what: str, lines: bool, seconds: float, code: int, target: Path) -> str:
+    """The line ``coverage record`` ends with: what the map holds, and where it went."""
     at_lines = (
         f" (and the lines of {len(cmap.lines)} of them)"
         if cmap.lines
         else (f"; no lines: {cmap.lines_missing}" if lines and cmap.lines_missing else "")
     )
-    out.print(
+    return (
         f"recorded {len(cmap.tests)} test(s) executing {len(cmap.functions())} function(s) of "
-        f"{name}@{sha[:12]}{at_lines} in {seconds:.1f} s (pytest exit {code}) -> {target} "
-        f"({target.stat().st_size / 1024:.0f} KB)",
-        soft_wrap=True,
+        f"{what}{at_lines} in {seconds:.1f} s (pytest exit {code}) -> {target} "
+        f"({target.stat().st_size / 1024:.0f} KB)"
     )
 
 
