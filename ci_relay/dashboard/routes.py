@@ -35,6 +35,7 @@ from ci_relay.dashboard import downstream, queries
 from ci_relay.dashboard.figures import duration_chart, trend_charts
 from ci_relay.dashboard.templating import make_environment
 from ci_relay.dashboard.views import FailureCursor, to_json
+from reuse_specs.backend_schema import NAME_PATTERN
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_PATH = "/static/dashboard"
@@ -306,16 +307,21 @@ def trends_api(
 # L3 readiness -----------------------------------------------------------------------------
 
 
+def _health_window(request: Request, days: int | None) -> int:
+    """The readiness window asked for, else the relay's (``CI_RELAY_HEALTH_WINDOW_DAYS``)."""
+    return days or int(request.app.state.dashboard.rt.settings.health_window_days)
+
+
 @router.get("/health", response_class=HTMLResponse)
 def health_html(request: Request, days: int | None = Query(None, ge=1, le=365)) -> HTMLResponse:
-    window = days or request.app.state.dashboard.rt.settings.health_window_days
+    window = _health_window(request, days)
     view = read(request, lambda s: queries.health(s, window))
     return page(request, "health.html", "L3 readiness", view=view)
 
 
 @router.get("/api/health", response_class=JSONResponse, responses=JSON_ANY)
 def health_api(request: Request, days: int | None = Query(None, ge=1, le=365)) -> JSONResponse:
-    window = days or request.app.state.dashboard.rt.settings.health_window_days
+    window = _health_window(request, days)
     return JSONResponse(to_json(read(request, lambda s: queries.health(s, window))))
 
 
@@ -326,7 +332,7 @@ HealthFigureQuery = Annotated[
         description="the figure whose runs to list ('': only the unfinished and overdue runs)",
     ),
 ]
-BackendPath = Annotated[str, Path_(max_length=32, pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")]
+BackendPath = Annotated[str, Path_(max_length=32, pattern=NAME_PATTERN)]
 
 
 @router.get("/health/{backend}", response_class=HTMLResponse)
@@ -336,7 +342,7 @@ def health_runs_html(
     figure: HealthFigureQuery = "",
     days: int | None = Query(None, ge=1, le=365),
 ) -> HTMLResponse:
-    window = days or request.app.state.dashboard.rt.settings.health_window_days
+    window = _health_window(request, days)
     view = read(request, lambda s: queries.health_runs(s, backend, window, figure))
     return page(request, "health_runs.html", f"L3 readiness · {backend}", view=view)
 
@@ -348,7 +354,7 @@ def health_runs_api(
     figure: HealthFigureQuery = "",
     days: int | None = Query(None, ge=1, le=365),
 ) -> JSONResponse:
-    window = days or request.app.state.dashboard.rt.settings.health_window_days
+    window = _health_window(request, days)
     return JSONResponse(
         to_json(read(request, lambda s: queries.health_runs(s, backend, window, figure)))
     )

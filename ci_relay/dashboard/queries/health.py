@@ -125,9 +125,10 @@ def _after(when: datetime | None, since: datetime) -> bool:
     return when >= since
 
 
-def _pull_request_runs(session: Session, since: datetime) -> list[Any]:
-    """Finished runs of pull-request changes since ``since``, latest attempts only."""
-    rows = session.execute(
+def _pull_request_runs(session: Session, since: datetime, backend: str | None = None) -> list[Any]:
+    """Finished runs of pull-request changes since ``since`` (of one backend, if named),
+    latest attempts only."""
+    query = (
         select(
             Run.id,
             Run.backend,
@@ -150,7 +151,10 @@ def _pull_request_runs(session: Session, since: datetime) -> list[Any]:
             ),
         )
         .order_by(Run.id)
-    ).all()
+    )
+    if backend is not None:
+        query = query.where(Run.backend == backend)
+    rows = session.execute(query).all()
     superseded = {r.rerun_of for r in rows if r.rerun_of is not None}
     return [r for r in rows if r.id not in superseded]
 

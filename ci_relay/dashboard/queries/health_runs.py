@@ -19,6 +19,7 @@ from ci_relay.dashboard.queries.health import (
     CRITERIA,
     OVERRUN_AFTER,
     _pull_request_runs,
+    _shown,
     _timed_out,
 )
 from ci_relay.dashboard.views import HealthRun, HealthRuns
@@ -35,7 +36,7 @@ def health_runs(
     """The runs of ``backend`` behind ``figure`` over the window, and its unfinished runs."""
     now = now or utcnow()
     since = now - timedelta(days=window_days)
-    finished = [r for r in _pull_request_runs(session, since) if r.backend == backend]
+    finished = _pull_request_runs(session, since, backend)
     timed_out = _timed_out(session, [r.id for r in finished])
     listed: list[tuple[Any, float | None, str]] = []
     for r in finished:
@@ -61,9 +62,9 @@ def health_runs(
         late = (r.started_at is None and queued > QUEUE_LIMIT) or running > OVERRUN_AFTER
         overdue += late
         why = (
-            f"overdue: queued {_minutes(queued)} without starting"
+            f"overdue: queued {_shown(queued, 'seconds')} without starting"
             if r.started_at is None and queued > QUEUE_LIMIT
-            else (f"overdue: going for {_minutes(running)}" if late else f"{r.state}")
+            else (f"overdue: going for {_shown(running, 'seconds')}" if late else f"{r.state}")
         )
         going.append((r.id, running, why, late))
     going.sort(key=lambda g: (not g[3], g[0]))
@@ -88,15 +89,15 @@ def _against(figure: str, r: Any, timed_out: bool) -> tuple[float | None, str] |
     if figure == "timeout_rate" and timed_out:
         return execution, "a test or a shard hit its time limit"
     if figure == "overrun_rate" and not timed_out and (execution or 0.0) > OVERRUN_AFTER:
-        return execution, f"ran {_minutes(execution or 0.0)}, over 3 h"
+        return execution, f"ran {_shown(execution or 0.0, 'seconds')}, over 3 h"
     if figure == "end_to_end_p50":
         total = _seconds_between(r.received_at, r.finished_at)
         if total is not None and total >= OVERRUN_AFTER:
-            return total, f"took {_minutes(total)} from dispatch to end, 3 h or more"
+            return total, f"took {_shown(total, 'seconds')} from dispatch to end, 3 h or more"
     if figure == "queue_time_avg":
         queued = _seconds_between(r.created_at, r.started_at)
         if queued is not None and queued > QUEUE_LIMIT:
-            return queued, f"queued {_minutes(queued)}, over 30 min"
+            return queued, f"queued {_shown(queued, 'seconds')}, over 30 min"
     return None
 
 
@@ -135,7 +136,3 @@ def _row(r: Any, value: float | None, why: str) -> HealthRun:
         why=why,
         triage=_category(r.verdict, r.triage_state),
     )
-
-
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds < 2 * 3600 else f"{seconds / 3600:.1f} h"
