@@ -17,13 +17,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
-from ci_relay.cli.common import _fail, out
+from ci_relay.cli.common import _fail, err, out
+from ci_relay.cli.follow import follow_pytest
 
 coverage_app = typer.Typer(help="Per-test coverage maps for selection.", no_args_is_help=True)
 
@@ -287,12 +288,16 @@ def _run_pytest(
         "-p", "no:cacheprovider", "-q", *(["--coverage-backend", backend] if backend else []),
         *(["--coverage-lines"] if lines else []), *args,
     ]  # fmt: skip
-    start = time.monotonic()
-    try:
-        proc = subprocess.run(command, cwd=tree, env=env, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        raise _fail(f"the tests passed the {timeout:.0f} s timeout; no map written", 1) from None
-    return proc.returncode, time.monotonic() - start
+    ran = follow_pytest(
+        command, cwd=tree, env=env, timeout=timeout, scratch=tree.parent, label=name
+    )
+    if ran.timed_out:
+        raise _fail(f"the tests passed the {timeout:.0f} s timeout; no map written", 1)
+    if ran.code in (0, 5):
+        err.print(escape(f"pytest: {ran.summary()}"), soft_wrap=True)
+    else:  # failures, or a run that did not test what it was asked to: what pytest said
+        err.print(escape(f"pytest exit {ran.code}; its last lines:\n{ran.tail()}"), soft_wrap=True)
+    return ran.code, ran.seconds
 
 
 @coverage_app.command("show")

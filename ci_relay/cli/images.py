@@ -13,6 +13,7 @@ from ci_relay.cli.common import (
     _policy_backends,
     out,
 )
+from ci_relay.cli.follow import follow_steps
 from reuse_specs.backends import backends_dirs
 
 images_app = typer.Typer(help="Test-runner container images.", no_args_is_help=True)
@@ -52,8 +53,6 @@ def images_build(
     A runner image follows its backend's declaration (bundled, or in the folder of
     CI_RELAY_BACKENDS_DIR or of the policy file's backends_dir), rendered from the one
     template docker/runner.Containerfile."""
-    import subprocess
-
     policy_backends = _policy_backends()  # also registers the policy's backends_dir
     backends = backend or policy_backends or ["cpu"]
     for name in backends:
@@ -67,7 +66,7 @@ def images_build(
     flags = ["--refresh"] if refresh else []
     # the script finds declarations where the registry does (settings, the policy's folder)
     flags += [arg for d in backends_dirs() for arg in ("--backends-dir", str(d))]
-    if subprocess.run(["bash", str(script), str(root), *flags, *targets]).returncode:
+    if follow_steps(["bash", str(script), str(root), *flags, *targets], "images build"):
         raise _fail("image build failed (see the messages above)", 1)
     from ci_relay.source_digest import TAG_PREFIX, source_digest
 

@@ -72,6 +72,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="also record the lines each test executed (needs coverage.py)",
     )
     group.addoption(
+        "--coverage-progress",
+        default=None,
+        help="append 'done total' to this file about twice a second (a terminal's progress bar)",
+    )
+    group.addoption(
         "--coverage-package",
         action="append",
         default=[],
@@ -202,6 +207,26 @@ class StreamWriter:
 
 
 FLUSH_SECONDS = 1.0  # a shard's stream gets a long run of variants' record at least this often
+PROGRESS_SECONDS = 0.5  # the progress file gets a line at most this often
+
+
+class ProgressFile:
+    """Tests run so far and collected, appended as ``done total`` lines for the command that
+    started pytest (``ci-relay coverage record`` draws its bar from the last line): a write
+    per half second, not per test, and a full disk costs the bar, never the recording."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        self.done = 0
+        self.total = 0
+        self.written = 0.0
+
+    def write(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.written >= PROGRESS_SECONDS:
+            self.written = now
+            with contextlib.suppress(OSError):
+                os.write(self.fd, f"{self.done} {self.total}\n".encode())
 
 
 @dataclass
@@ -239,6 +264,7 @@ class Recorder:
             except Exception as exc:  # another tracer holds the interpreter: functions only
                 self.map.lines_missing = f"coverage.py could not start ({exc})"[:300]
         self.started = time.monotonic()
+        self.progress = ProgressFile(Path(opt.coverage_progress)) if opt.coverage_progress else None
         self.collection_errors: list[str] = []
         threading.setprofile(self._thread_started)
         sys.addaudithook(self._audit)
@@ -295,6 +321,9 @@ class Recorder:
             if replaced:
                 pending.flags.add("profiler-replaced")
             self.current_flags = None
+            if self.progress is not None:
+                self.progress.done += 1
+                self.progress.write()
             # a shard's stream: what a crash would lose stays under a second of variants
             if self.stream is not None and time.monotonic() - pending.started > FLUSH_SECONDS:
                 self._flush()
@@ -370,7 +399,14 @@ class Recorder:
                 with contextlib.suppress(OSError):
                     self.stream.collection_error(self.collection_errors[-1])
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if self.progress is not None:
+            self.progress.total = len(session.items)
+            self.progress.write(force=True)
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.progress is not None:
+            self.progress.write(force=True)
         self._flush()
         threading.setprofile(None)
         self.map.seconds = time.monotonic() - self.started
