@@ -7,6 +7,7 @@ functions), so a reversed import fails here before it becomes a cycle.
 from __future__ import annotations
 
 import ast
+import graphlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -161,7 +162,7 @@ def test_no_lower_part_imports_a_higher_one() -> None:
         ("ci_relay.dashboard.queries", "from ..service.tasks import app\n"),
         ("ci_relay.settings", "from ci_relay.execution.runtimes import NOBODY\n"),
         ("ci_relay.identifiers", "from ci_relay.context import Context\n"),
-        ("ci_relay.steps", "from ci_relay.intake.routes import make_router\n"),
+        ("ci_relay.steps", "from ci_relay.intake.mount import install\n"),
     ],
 )
 def test_a_reversed_import_is_caught(module: str, source: str) -> None:
@@ -232,3 +233,82 @@ def test_no_module_over_600_lines_and_no_function_over_120() -> None:
                     if length > MAX_FUNCTION_LINES:
                         found.append(f"{where}:{node.lineno} {node.name}: {length} lines")
     assert not found, "\n".join(found)
+
+
+def _is_package(module: str) -> bool:
+    return (ROOT / module.replace(".", "/") / "__init__.py").is_file()
+
+
+def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
+    """module -> the modules of ``modules`` it imports, at any depth (inside functions and
+    under ``TYPE_CHECKING`` too). ``from P import x`` is an edge to ``P.x`` when that is a
+    module, else to ``P``; the parent packages Python imports on the way are not edges (a
+    package's ``__init__`` re-exporting its modules is not a circle)."""
+
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, source in modules.items():
+        package = module if _is_package(module) else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(source)):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    anchor = parts[: len(parts) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                names = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                    for a in node.names
+                ]
+            graph[module].update(t for n in names if (t := owner(n)) and t != module)
+    return graph
+
+
+def circle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of ``graph`` (its modules in order, the first again at the end), or
+    [] when there is none."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        return list(reversed(exc.args[1]))
+    return []
+
+
+def _bench_sources() -> Iterator[tuple[str, str]]:
+    """bench/'s scripts import each other by file name (the folder is put on the path)."""
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        yield path.stem, path.read_text(encoding="utf-8")
+
+
+def test_no_import_circle_between_product_files_or_bench_scripts() -> None:
+    for modules in (dict(_sources()), dict(_bench_sources())):
+        found = circle(import_graph(modules))
+        assert not found, "import circle: " + " -> ".join(found)
+
+
+def test_an_import_circle_is_caught_even_inside_a_function() -> None:
+    modules = {
+        "ci_relay.intake.routes": "def install():\n    from ci_relay.intake import reruns\n",
+        "ci_relay.intake.reruns": "from ci_relay.intake.routes import intake_of\n",
+        "ci_relay.intake.wire": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from ci_relay.intake.reruns import RerunRequest\n",
+    }
+    found = circle(import_graph(modules))
+    assert found[0] == found[-1] and set(found) == {
+        "ci_relay.intake.routes",
+        "ci_relay.intake.reruns",
+    }
+    # a package re-exporting its own modules is no circle; a module's own name neither
+    package = {
+        "ci_relay.cli": "from ci_relay.cli.main import app\n",
+        "ci_relay.cli.main": "from ci_relay.cli import common\nimport ci_relay.cli.main\n",
+        "ci_relay.cli.common": "",
+    }
+    assert not circle(import_graph(package))

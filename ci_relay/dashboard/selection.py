@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ci_relay.dashboard.paging import Pager
 from ci_relay.dashboard.selection_views import (
     CoverageView,
     DriftView,
@@ -21,7 +22,6 @@ from ci_relay.dashboard.selection_views import (
     StageEvidence,
     Variant,
 )
-from ci_relay.dashboard.views import Pager
 from test_selection.variants import match_variants, split_nodeid
 
 STAGE_ORDER = ("candidates", "agent", "plan")

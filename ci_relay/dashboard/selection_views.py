@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ci_relay.dashboard.views import Pager
+from ci_relay.dashboard.paging import Pager
 
 
 @dataclass(frozen=True)

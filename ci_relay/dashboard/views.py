@@ -15,13 +15,12 @@ import functools
 import re
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from ci_relay.api_docs import FAILURES_CURSOR
+from ci_relay.dashboard.paging import Pager
+from ci_relay.dashboard.selection_views import SelectionView
 from ci_relay.store.models import recoverable
-
-if TYPE_CHECKING:  # the run page holds one; selection_views imports Pager from here
-    from ci_relay.dashboard.selection_views import SelectionView
 
 V = TypeVar("V")
 
@@ -37,31 +36,6 @@ def from_row(view: type[V], row: Any, **computed: Any) -> V:
         if f.name in computed or f.name in data
     }
     return view(**values)
-
-
-@dataclass(frozen=True)
-class Pager:
-    """One page of a longer listing (offset pagination; page numbers start at 1)."""
-
-    page: int
-    per_page: int
-    total: int
-
-    @property
-    def pages(self) -> int:
-        return max(1, -(-self.total // self.per_page))
-
-    @property
-    def offset(self) -> int:
-        return (self.page - 1) * self.per_page
-
-    @property
-    def has_prev(self) -> bool:
-        return self.page > 1
-
-    @property
-    def has_next(self) -> bool:
-        return self.page < self.pages
 
 
 @dataclass(frozen=True)

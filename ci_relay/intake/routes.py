@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, FastAPI, Request, Security
+from fastapi import APIRouter, Request, Security
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import select
@@ -83,7 +83,7 @@ M = TypeVar("M", bound=BaseModel)
 @dataclass(frozen=True)
 class Intake:
     """What every intake route shares: the relay's context and metrics, the queue, the audit
-    log; kept on ``app.state.intake`` by :func:`install`, read by each route."""
+    log; kept on ``app.state.intake`` by ``mount.install``, read by each route."""
 
     rt: RelayContext
     metrics: Metrics
@@ -241,7 +241,7 @@ router = APIRouter()  # the webhooks: GitHub's and the CRCR dispatch
 
 
 def intake_of(request: Request) -> Intake:
-    """What :func:`install` put on the app, for a route of any intake group."""
+    """What ``mount.install`` put on the app, for a route of any intake group."""
     intake: Intake = request.app.state.intake
     return intake
 
@@ -372,22 +372,6 @@ async def crcr_dispatch(request: Request) -> JSONResponse:
             started,
             field_prefix="envelope field payload.",
         )
-
-
-def install(
-    app: FastAPI,
-    rt: RelayContext,
-    metrics: Metrics,
-    enqueue: Callable[[list[Next]], None],
-    audit_log: AuditLog,
-) -> None:
-    """Mount the intake's routes on ``app`` with what they share."""
-    from ci_relay.intake import reruns, upgrades
-
-    app.state.intake = Intake(rt, metrics, enqueue, audit_log)
-    app.include_router(router)
-    app.include_router(upgrades.router)
-    app.include_router(reruns.router)
 
 
 def tokens_match(a: str, b: str) -> bool:

@@ -12,7 +12,7 @@ from ci_relay import dashboard
 from ci_relay.audit import AuditLog
 from ci_relay.context import RelayContext
 from ci_relay.dashboard import ingest as crcr_ingest
-from ci_relay.intake import routes as intake
+from ci_relay.intake import mount as intake
 from ci_relay.metrics import Metrics
 from ci_relay.service import api
 from ci_relay.steps import Next
@@ -50,7 +50,7 @@ def create_app(
     app.state.metrics = metrics
     app.state.audit_log = audit_log
     intake.install(app, rt, metrics, enqueue, audit_log)
-    app.include_router(api.make_router(rt, metrics, broker_ok))
-    app.include_router(crcr_ingest.make_router(rt, audit_log))
+    api.install(app, rt, metrics, broker_ok)
+    crcr_ingest.install(app, rt, audit_log)
     dashboard.install(app, rt)
     return app

@@ -13,9 +13,7 @@ from sqlalchemy import (
     func,
 )
 
-from ci_relay.dashboard.views import (
-    Pager,
-)
+from ci_relay.dashboard.paging import Pager
 from ci_relay.store.models import (
     OutboxState,
 )
