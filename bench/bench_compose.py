@@ -301,6 +301,94 @@ def results_of(stack: Stack, change: dict[str, Any]) -> tuple[list[str], list[di
     return ids, shards
 
 
+def _one_run(
+    stack: Stack, sample: SampleUpstream, head_index: int, number: int, timeout: float
+) -> dict[str, Any]:
+    """One webhook and its change once completed (run 1: nothing watched on the way)."""
+    delivery = stack.send(sample, head_index, number)
+    return dict(
+        _until(
+            lambda: (c := stack.change(delivery)) and c["state"] == "completed" and c,
+            timeout,
+            "completed change",
+        )
+    )
+
+
+def _watched_run(
+    stack: Stack, sample: SampleUpstream, timeout: float, peak: list[int]
+) -> dict[str, Any]:
+    """Run 2, with the most shard containers seen up at once kept in ``peak[0]``: two exec
+    workers should run two shards side by side."""
+    delivery = stack.send(sample, -2, 102)  # the same tests as run 3
+
+    def done() -> dict[str, Any] | None:
+        peak[0] = max(peak[0], len(shard_containers()))
+        change = stack.change(delivery)
+        return change if change and change["state"] == "completed" else None
+
+    return dict(_until(done, timeout, "completed change", every=0.2))
+
+
+def _killed_run(stack: Stack, sample: SampleUpstream, timeout: float) -> tuple[dict[str, Any], str]:
+    """Run 3, the exec worker running one of its shards killed mid-shard: the change once
+    completed, and the killed worker's container (to count its restarts)."""
+    delivery = stack.send(sample, -1, 103)
+    running = _until(shard_containers, timeout, "running shard container", every=0.2)
+    time.sleep(2)  # into the shard's tests
+    host = running[0]["owner"].split(":")[0]
+    victim = next(
+        name
+        for name in stack.exec_containers()
+        if subprocess.run(
+            ["podman", "inspect", "--format", "{{.Config.Hostname}}", name],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        == host
+    )
+    pid = subprocess.run(
+        ["podman", "inspect", "--format", "{{.State.Pid}}", victim],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    print(f"   SIGKILL to {victim} (pid {pid}; its shard container {running[0]['id'][:12]})")
+    killed_at = time.monotonic()
+    os.kill(int(pid), signal.SIGKILL)
+    _until(lambda: _restarts(victim) >= 1, 120, "restart of the killed worker")
+    print(f"   restarted after {time.monotonic() - killed_at:.1f} s")
+    _until(
+        lambda: running[0]["id"] not in {c["id"] for c in shard_containers()},
+        120,
+        "removal of the orphaned shard container",
+    )
+    print(f"   orphaned shard container removed after {time.monotonic() - killed_at:.1f} s")
+    change = _until(
+        lambda: (c := stack.change(delivery)) and c["state"] == "completed" and c,
+        timeout,
+        "completed change after the kill",
+    )
+    return dict(change), victim
+
+
+def _print_timings(timings: list[tuple[str, float]]) -> None:
+    """Each step's seconds, then the runs against each other: printed last, whatever failed."""
+    print("== timings")
+    for name, seconds in timings:
+        print(f"   {name:<55} {seconds:7.1f} s")
+    took = {name.split(":")[0]: seconds for name, seconds in timings}
+    if {"run 1", "run 2", "run 3"} <= set(took):  # the baselines: run 1, one exec worker
+        print(
+            f"   two exec workers against one (run 2 / run 1): {took['run 2'] / took['run 1']:.2f}x"
+        )
+        print(
+            f"   with a worker killed (run 3 / run 2): {took['run 3'] / took['run 2']:.2f}x "
+            "(the shard waits until its heartbeat has been silent 20 s)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, default=Path("/var/tmp/ci-relay-compose"))
@@ -343,17 +431,10 @@ def main() -> None:
     try:
         step("up (until /readyz)", lambda: (stack.compose("up", "-d"), stack.wait_ready(300)))
 
-        def one_run(head_index: int, number: int) -> dict[str, Any]:
-            delivery = stack.send(sample, head_index, number)
-            return dict(
-                _until(
-                    lambda: (c := stack.change(delivery)) and c["state"] == "completed" and c,
-                    args.timeout,
-                    "completed change",
-                )
-            )
-
-        first = step("run 1: webhook -> completed (one exec worker)", lambda: one_run(-3, 101))
+        first = step(
+            "run 1: webhook -> completed (one exec worker)",
+            lambda: _one_run(stack, sample, -3, 101, args.timeout),
+        )
         print(f"   runs: {[(r['backend'], r['state'], r['counts']) for r in first['runs']]}")
 
         step(
@@ -362,63 +443,15 @@ def main() -> None:
         )
         print(f"   exec workers: {stack.exec_containers()}")
         peak = [0]
-
-        def watched_run() -> dict[str, Any]:
-            delivery = stack.send(sample, -2, 102)  # the same tests as run 3
-
-            def done() -> dict[str, Any] | None:
-                peak[0] = max(peak[0], len(shard_containers()))
-                change = stack.change(delivery)
-                return change if change and change["state"] == "completed" else None
-
-            return dict(_until(done, args.timeout, "completed change", every=0.2))
-
-        second = step("run 2: two exec workers", watched_run)
+        second = step(
+            "run 2: two exec workers", lambda: _watched_run(stack, sample, args.timeout, peak)
+        )
         print(f"   shard containers at once, at most: {peak[0]}")
 
-        def killed_run() -> tuple[dict[str, Any], str]:
-            delivery = stack.send(sample, -1, 103)
-            running = _until(shard_containers, args.timeout, "running shard container", every=0.2)
-            time.sleep(2)  # into the shard's tests
-            host = running[0]["owner"].split(":")[0]
-            victim = next(
-                name
-                for name in stack.exec_containers()
-                if subprocess.run(
-                    ["podman", "inspect", "--format", "{{.Config.Hostname}}", name],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout.strip()
-                == host
-            )
-            pid = subprocess.run(
-                ["podman", "inspect", "--format", "{{.State.Pid}}", victim],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.strip()
-            print(
-                f"   SIGKILL to {victim} (pid {pid}; its shard container {running[0]['id'][:12]})"
-            )
-            killed_at = time.monotonic()
-            os.kill(int(pid), signal.SIGKILL)
-            _until(lambda: _restarts(victim) >= 1, 120, "restart of the killed worker")
-            print(f"   restarted after {time.monotonic() - killed_at:.1f} s")
-            _until(
-                lambda: running[0]["id"] not in {c["id"] for c in shard_containers()},
-                120,
-                "removal of the orphaned shard container",
-            )
-            print(f"   orphaned shard container removed after {time.monotonic() - killed_at:.1f} s")
-            change = _until(
-                lambda: (c := stack.change(delivery)) and c["state"] == "completed" and c,
-                args.timeout,
-                "completed change after the kill",
-            )
-            return dict(change), victim
-
-        killed, victim = step("run 3: one exec worker killed mid-shard", killed_run)
+        killed, victim = step(
+            "run 3: one exec worker killed mid-shard",
+            lambda: _killed_run(stack, sample, args.timeout),
+        )
         ids, shards = results_of(stack, killed)
         reference, _ = results_of(stack, second)
         print(f"   {victim} restarted {_restarts(victim)} time(s); shards {shards}")
@@ -433,18 +466,7 @@ def main() -> None:
             print(f"left up: {stack.url} (podman-compose -p {PROJECT} ... down -v to stop)")
         else:
             step("down (volumes removed)", stack.down)
-    print("== timings")
-    for name, seconds in timings:
-        print(f"   {name:<55} {seconds:7.1f} s")
-    took = {name.split(":")[0]: seconds for name, seconds in timings}
-    if {"run 1", "run 2", "run 3"} <= set(took):  # the baselines: run 1, one exec worker
-        print(
-            f"   two exec workers against one (run 2 / run 1): {took['run 2'] / took['run 1']:.2f}x"
-        )
-        print(
-            f"   with a worker killed (run 3 / run 2): {took['run 3'] / took['run 2']:.2f}x "
-            "(the shard waits until its heartbeat has been silent 20 s)"
-        )
+    _print_timings(timings)
 
 
 if __name__ == "__main__":

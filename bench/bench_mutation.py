@@ -52,19 +52,13 @@ coverage record`` first) also chooses the functions: only those a test executed.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
@@ -73,44 +67,22 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 import mutation_lib as ml  # noqa: E402
-from bench_selection_history import load_yardstick  # noqa: E402
+from mutation_baseline import (  # noqa: E402
+    mutant_scope,
+    run_baseline,
+    test_command,
+    within,
+    within_path,
+)
+from mutation_options import Options  # noqa: E402
+from mutation_report import figures, print_report  # noqa: E402
+from mutation_select import combo_all, select_all  # noqa: E402
+from yardstick import load_yardstick  # noqa: E402
 
 from test_selection.coverage.floor import EXECUTED_SHARE  # noqa: E402
 from test_selection.coverage.map import CoverageIndex, CoverageMap  # noqa: E402
-from test_selection.selector import SelectorConfig, select  # noqa: E402
-from test_selection.types import Budget  # noqa: E402
 
-BUDGETS = (0.05, 0.15)
-GOALS = {"caught@0.05": 0.99, "recall@0.15": 0.90}
 SKIP_PARTS = {"tests", "test", "testing", "benchmarks", "docs", "doc", "examples"}
-
-
-@dataclass
-class Options:
-    repo: Path
-    python: str = sys.executable
-    installed: str | None = None  # a package the tests import installed (torch)
-    count: int = 10
-    seed: int = 0
-    timeout: float = 300.0
-    test_timeout: float = 60.0
-    budgets: tuple[float, ...] = BUDGETS
-    coverage: Path | None = None
-    scope: str = "reached"  # the reached files; "tests": only the reached tests; "all"
-    tests: list[str] = field(default_factory=list)  # test paths (scope all / no map)
-    specs: list[Path] = field(default_factory=list)
-    backend: str = "cpu"
-    agent: str = "none"
-    yardstick: Path | None = None
-    base: str = "HEAD"
-    pytest_args: list[str] = field(default_factory=list)
-    targets: list[tuple[str, str, str]] = field(default_factory=list)  # file, qualname, op
-    cache_dir: Path | None = None
-    preload: list[str] = field(default_factory=list)  # modules the fork server imports
-    baseline: Path | None = None  # unmutated outcomes kept per file
-    json: Path | None = None
-    under: list[str] = field(default_factory=list)  # draw only functions of these paths
-    executed_share: float = EXECUTED_SHARE  # selector+map's (SelectorConfig.executed_share)
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -166,10 +138,6 @@ def candidates(opts: Options, base: str) -> list[tuple[ml.Target, Path, str]]:
     return out
 
 
-def _within(path: str, prefix: str) -> bool:
-    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
-
-
 def draw(
     opts: Options,
     pool: list[tuple[ml.Target, Path, str]],
@@ -215,44 +183,6 @@ def draw(
     return mutants, notes
 
 
-def reached_tests(index: CoverageIndex | None, target: ml.Target) -> set[str]:
-    """The generic ids of the tests the map says executed the function."""
-    if index is None:
-        return set()
-    return set(index.reaches(index.resolve(target.file, target.qualname)))
-
-
-def test_command(opts: Options, files: list[str]) -> list[str]:
-    args = [str(opts.repo / f) for f in files]
-    if opts.specs:
-        args += ["-p", "reuse_specs.pytest_plugin", "--reuse-upstream", str(opts.repo)]
-        args += ["--reuse-backend", opts.backend]
-        for spec in opts.specs:
-            args += ["--reuse-spec", str(spec)]
-    return [*args, f"--rootdir={opts.repo}", *opts.pytest_args]
-
-
-def _generic(test: str) -> str:
-    return test.split("[", 1)[0]
-
-
-def score_plan(plan: Any, failing: set[str]) -> tuple[set[str], dict[str, str], int, int]:
-    """Failing tests in the plan, the cause of each one not in it, tests run, universe."""
-    chosen = {_generic(item.test.nodeid) for item in plan.selected}
-    files = {item.test.file for item in plan.selected}
-    scored = {_generic(item.test.nodeid): item.score for item in plan.excluded}
-    found = failing & chosen
-    causes = {}
-    for test in sorted(failing - found):
-        if test.split("::", 1)[0] not in files:
-            causes[test] = "file not reached"
-        elif scored.get(test, 0.0) > 0:
-            causes[test] = "budget"
-        else:
-            causes[test] = "test not chosen"
-    return found, causes, len(plan.selected), plan.universe_size
-
-
 def run(opts: Options, log: Any = print) -> dict[str, Any]:
     """The whole bench; the record (what ``--json`` writes)."""
     repo = opts.repo
@@ -271,8 +201,8 @@ def run(opts: Options, log: Any = print) -> dict[str, Any]:
             # the unmutated run first, over every test that reached a function of the draw:
             # a function whose reaching tests do not pass cannot be caught by any selection
             eligible = [t for t, _r, _x in pool if _eligible(opts, t, reached)]
-            scoped = {t.key: _scope(opts, index, t) for t in eligible}
-            baseline = _baseline(opts, runner, cwd, base, list(scoped.values()), log)
+            scoped = {t.key: mutant_scope(opts, index, t) for t in eligible}
+            baseline = run_baseline(opts, runner, cwd, base, list(scoped.values()), log)
             passing = {baseline.generic.get(n, n) for n in baseline.passed()}
             testable = {key for key, (_f, tests) in scoped.items() if tests & passing}
             log(f"{len(testable)} of {len(eligible)} functions reached by a passing test")
@@ -284,10 +214,10 @@ def run(opts: Options, log: Any = print) -> dict[str, Any]:
             if opts.scope == "all" or index is None:
                 per_mutant[m.ident] = (list(opts.tests) or ["."], None)
             else:
-                files_of, tests = _scope(opts, index, m.target)
+                files_of, tests = mutant_scope(opts, index, m.target)
                 per_mutant[m.ident] = (files_of, tests if opts.scope == "tests" else None)
         if baseline is None:
-            baseline = _baseline(opts, runner, cwd, base, list(per_mutant.values()), log)
+            baseline = run_baseline(opts, runner, cwd, base, list(per_mutant.values()), log)
         return _run(opts, runner, cwd, base, index, mutants, notes, per_mutant, baseline, log)
     finally:
         runner.close()
@@ -297,104 +227,7 @@ def _eligible(opts: Options, target: ml.Target, reached: set[tuple[str, str]] | 
     """A function the draw may take: one a test reached (with a map), under ``--under``."""
     if reached is not None and (target.file, target.qualname) not in reached:
         return False
-    return not opts.under or any(_within(target.file, u) for u in opts.under)
-
-
-def _scope(opts: Options, index: CoverageIndex, target: ml.Target) -> tuple[list[str], set[str]]:
-    """The test files a mutant of ``target`` runs and the tests the map says reached it."""
-    tests = reached_tests(index, target)
-    if opts.tests:
-        tests = {t for t in tests if any(t.startswith(p) for p in opts.tests)}
-    return sorted({t.split("::", 1)[0] for t in tests}), tests
-
-
-def _baseline(
-    opts: Options,
-    runner: ml.Runner,
-    cwd: Path,
-    base: str,
-    scopes: list[tuple[list[str], set[str] | None]],
-    log: Any,
-) -> ml.RunResult:
-    """The unmutated run of every file (and, ``--scope tests``, only the tests) in
-    ``scopes``."""
-    files = sorted({f for fs, _t in scopes for f in fs})
-    wanted: set[str] | None = None
-    if opts.scope == "tests" and scopes and all(t is not None for _f, t in scopes):
-        wanted = set().union(*(t for _f, t in scopes if t is not None))
-    baseline = unmutated(opts, runner, cwd, base, files, opts.count, wanted)
-    log(
-        f"baseline: {len(baseline.outcomes)} tests of {len(files)} files, "
-        f"{len(baseline.passed())} passed, {baseline.seconds:.1f} s"
-    )
-    return baseline
-
-
-def within(result: ml.RunResult, files: list[str], tests: set[str] | None) -> ml.RunResult:
-    """The part of ``result`` (a baseline) in a mutant's scope: its files, and its tests."""
-    out = ml.RunResult()
-    everything = "." in files  # --scope all without --tests: every test of the checkout
-    for nodeid, outcome in result.outcomes.items():
-        generic = result.generic.get(nodeid, nodeid)
-        file = nodeid.split("::", 1)[0]
-        if not everything and not any(_within(file, f) for f in files):  # a file or a folder
-            continue
-        if tests is not None and generic not in tests:
-            continue
-        out.outcomes[nodeid] = outcome
-        out.generic[nodeid] = generic
-    return out
-
-
-def unmutated(
-    opts: Options,
-    runner: ml.Runner,
-    cwd: Path,
-    base: str,
-    files: list[str],
-    mutants: int,
-    only: set[str] | None = None,
-) -> ml.RunResult:
-    """The outcomes of ``files`` unmutated (only the tests ``only`` names, if given); with
-    ``opts.baseline``, kept there per file for the next run at the same revision and command
-    (only the files it lacks run)."""
-    tests = hashlib.sha256(json.dumps(sorted(only)).encode()).hexdigest() if only else None
-    specs = [str(p) for p in opts.specs]
-    key = json.dumps(
-        [base, opts.python, specs, opts.backend, opts.installed, opts.pytest_args, tests],
-        default=str,
-    )
-    kept: dict[str, Any] = {}
-    if opts.baseline is not None and opts.baseline.is_file():
-        data = json.loads(opts.baseline.read_text())
-        kept = data.get("files", {}) if data.get("key") == key else {}
-    result = ml.RunResult()
-    missing = [f for f in files if f not in kept]
-    if missing:
-        fresh = runner.run(
-            cwd,
-            opts.repo,
-            test_command(opts, missing),
-            timeout=max(opts.timeout * mutants, 600.0),
-            test_timeout=opts.test_timeout,
-            only=only,
-        )
-        if fresh.error:
-            raise SystemExit(f"the unmutated run failed: {fresh.error}")
-        result.seconds = fresh.seconds
-        for f in missing:
-            kept[f] = {"outcomes": {}, "generic": {}}
-        for nodeid, outcome in fresh.outcomes.items():
-            file = nodeid.split("::", 1)[0]
-            if file in kept:
-                kept[file]["outcomes"][nodeid] = outcome
-                kept[file]["generic"][nodeid] = fresh.generic.get(nodeid, nodeid)
-        if opts.baseline is not None and not fresh.timed_out:
-            opts.baseline.write_text(json.dumps({"key": key, "files": kept}))
-    for f in files:
-        result.outcomes.update(kept[f]["outcomes"])
-        result.generic.update(kept[f]["generic"])
-    return result
+    return not opts.under or any(within_path(target.file, u) for u in opts.under)
 
 
 def _run(
@@ -416,7 +249,7 @@ def _run(
         history, diffs = yardstick.history(str(repo), base, 1500)
         universe = yardstick.test_universe(str(repo), base, {})
         if opts.tests:  # the files the tests run from (a spec's): the same universe as select's
-            universe = [u for u in universe if any(_within(u, t) for t in opts.tests)]
+            universe = [u for u in universe if any(within_path(u, t) for t in opts.tests)]
         counts = yardstick.test_counts(str(repo), base, universe, {})
         combo_state = {"history": history, "diffs": diffs, "universe": universe, "counts": counts}
     cache = opts.cache_dir or Path(tempfile.mkdtemp(prefix="bench-mutation-cache-"))
@@ -454,8 +287,8 @@ def _run(
             row.update({k: v for k, v in known[m.ident].items() if k not in ("results", "head")})
             log(f"[{number}/{len(mutants)}] {m.ident}: {row['status']} (saved truth)")
             if row["status"] == "killed":
-                _select_all(opts, repo, base, m, set(row["failing"]), row, index, cache, agent)
-                _combo_all(opts, yardstick, combo_state, m, set(row["failing"]), row)
+                select_all(opts, repo, base, m, set(row["failing"]), row, index, cache, agent)
+                combo_all(opts, yardstick, combo_state, m, set(row["failing"]), row)
             rows.append(row)
             continue
         if not files:
@@ -507,8 +340,8 @@ def _run(
         if row["status"] != "killed":
             rows.append(row)
             continue
-        _select_all(opts, repo, base, m, failing, row, index, cache, agent)
-        _combo_all(opts, yardstick, combo_state, m, failing, row)
+        select_all(opts, repo, base, m, failing, row, index, cache, agent)
+        combo_all(opts, yardstick, combo_state, m, failing, row)
         rows.append(row)
     return record(rows)
 
@@ -531,204 +364,6 @@ def _taken_back(opts: Options, base: str) -> dict[str, dict[str, Any]]:
         saved.get("scope"),
     ) == (base, opts.seed, opts.count, str(opts.coverage) if opts.coverage else None, opts.scope)
     return {r["ident"]: r for r in saved.get("rows", []) if "status" in r} if same else {}
-
-
-def _select_all(
-    opts: Options,
-    repo: Path,
-    base: str,
-    m: ml.Mutant,
-    failing: set[str],
-    row: dict[str, Any],
-    index: CoverageIndex | None,
-    cache: Path,
-    agent: Any,
-) -> None:
-    """The mutation as a commit on the base, and each variant's plan at each budget."""
-    head = ml.commit_mutant(repo, base, m)
-    row["head"] = head
-    safe: dict[str, Any] | None = None
-    for budget in opts.budgets:
-        for label, idx, how in variants(index):
-            if how == "safe" and safe is not None:  # no budget: the same plan at each
-                row["results"][f"{label}@{budget}"] = safe
-                continue
-            config = SelectorConfig(
-                budget=Budget("fraction", budget), cache_dir=cache, agent=agent, coverage=idx,
-                floor=how != "no-floor", mode="safe" if how == "safe" else "ranked",
-                executed_share=0.0 if how == "floor-only" else opts.executed_share,
-            )  # fmt: skip
-            began = time.perf_counter()
-            plan, _change = select(repo, base, head, opts.specs or None, config)
-            seconds = time.perf_counter() - began
-            found, causes, ran, universe_size = score_plan(plan, failing)
-            row["results"][f"{label}@{budget}"] = {
-                "found": sorted(found),
-                "misses": causes,
-                "tests": ran,
-                "share": ran / universe_size if universe_size else 0.0,
-                "seconds": round(seconds, 3),
-                "ranking": plan.ranking.get("chosen", "hand"),
-                "coverage": plan.coverage.get("used", "") if idx is not None else "",
-            }
-            if how == "safe":
-                safe = row["results"][f"{label}@{budget}"]
-
-
-def _combo_all(
-    opts: Options,
-    yardstick: ModuleType | None,
-    combo_state: dict[str, Any],
-    m: ml.Mutant,
-    failing: set[str],
-    row: dict[str, Any],
-) -> None:
-    """The yardstick's combo at each budget."""
-    for budget in opts.budgets:
-        if yardstick is not None:
-            row["results"][f"combo@{budget}"] = combo(yardstick, combo_state, m, failing, budget)
-
-
-def variants(index: Any) -> list[tuple[str, Any, str]]:
-    """The selections each mutant is judged under: without the map; with it (the coverage
-    floor and the other executing tests first, as the relay selects); with the floor but not
-    the other executing tests (what they add); with it but no floor (what the floor adds);
-    and safe mode with it (no budget)."""
-    if index is None:
-        return [("selector", None, "")]
-    return [
-        ("selector", None, ""),
-        ("selector+map", index, ""),
-        ("map-floor-only", index, "floor-only"),
-        ("map-no-floor", index, "no-floor"),
-        ("safe+map", index, "safe"),
-    ]
-
-
-def combo(
-    ys: ModuleType, state: dict[str, Any], m: ml.Mutant, failing: set[str], budget: float
-) -> dict[str, Any]:
-    """The yardstick's combo for the mutant's file, filled to ``budget`` of the test
-    functions; a failing test is in its plan when its file is."""
-    began = time.perf_counter()
-    universe, counts = state["universe"], state["counts"]
-    srcs = {m.target.file}
-    score = ys.cochange_scores(state["history"], srcs, set(universe), state["diffs"])
-    src_tokens = set().union(*(ys.tokens(s) for s in srcs))
-    for t in universe:
-        overlap = len(ys.tokens(t) & src_tokens)
-        if overlap:
-            score[t] = score.get(t, 0.0) + 0.25 * overlap
-    ranked = sorted(score, key=lambda t: (-score[t], t))
-    total = sum(counts.values())
-    picked = ys.fill(ranked, counts, budget * total, 0, "tests")
-    found = {t for t in failing if t.split("::", 1)[0] in picked}
-    causes = {
-        t: ("budget" if score.get(t.split("::", 1)[0], 0) > 0 else "file not reached")
-        for t in sorted(failing - found)
-    }
-    ran = sum(counts[f] for f in picked)
-    return {
-        "found": sorted(found),
-        "misses": causes,
-        "tests": ran,
-        "share": ran / total if total else 0.0,
-        "seconds": round(time.perf_counter() - began, 3),
-    }
-
-
-def figures(record: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Per ``selector@budget``: caught, recall, mean share and tests, mean seconds, over the
-    mutants that failed at least one test."""
-    killed = [r for r in record["rows"] if r["status"] == "killed"]
-    keys = sorted({k for r in killed for k in r["results"]})
-    out: dict[str, dict[str, float]] = {}
-    for key in keys:
-        results = [r["results"][key] for r in killed if key in r["results"]]
-        failing = sum(len(r["failing"]) for r in killed if key in r["results"])
-        out[key] = {
-            "mutants": len(results),
-            "caught": sum(1 for x in results if x["found"]) / len(results),
-            "recall": sum(len(x["found"]) for x in results) / failing if failing else 0.0,
-            "mean_recall": statistics.mean(
-                len(r["results"][key]["found"]) / len(r["failing"])
-                for r in killed
-                if key in r["results"]
-            ),
-            "share": statistics.mean(x["share"] for x in results),
-            "median_share": statistics.median(x["share"] for x in results),
-            "tests": statistics.mean(x["tests"] for x in results),
-            "seconds": statistics.mean(x["seconds"] for x in results),
-        }
-    return out
-
-
-def print_report(record: dict[str, Any], out: Any = print) -> None:
-    rows = record["rows"]
-    by_status: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        by_status[r["status"]].append(r)
-    out(
-        f"\n{len(rows)} mutants: {len(by_status['killed'])} fail tests, "
-        f"{len(by_status['equivalent'])} fail nothing, {len(by_status['untested'])} reached "
-        f"by no passing test, {len(by_status['unchanged'])} changed no value, "
-        f"{len(by_status['error'])} not applied"
-    )
-    table = figures(record)
-    budgets = sorted({float(k.rsplit("@", 1)[1]) for k in table})
-    names = sorted({k.rsplit("@", 1)[0] for k in table}, key=lambda n: (n == "combo", n))
-    out(f"\n{'budget':>7} {'selector':<14} {'caught':>8} {'recall':>8} {'per-mut':>8} "
-        f"{'tests':>8} {'share':>7} {'median':>7} {'s/sel':>7}")  # fmt: skip
-    for budget in budgets:
-        for name in names:
-            f = table.get(f"{name}@{budget}")
-            if f is None:
-                continue
-            out(
-                f"{budget:>6.0%} {name:<14} {f['caught']:>8.3f} {f['recall']:>8.3f} "
-                f"{f['mean_recall']:>8.3f} {f['tests']:>8.1f} {f['share']:>7.3f} "
-                f"{f['median_share']:>7.3f} {f['seconds']:>7.2f}"
-            )
-        if "combo" in names and "selector" in names:
-            s, c = table[f"selector@{budget}"], table[f"combo@{budget}"]
-            out(
-                f"{'':>7} selector - combo: caught {s['caught'] - c['caught']:+.3f}, "
-                f"recall {s['recall'] - c['recall']:+.3f}"
-            )
-    for key, goal in GOALS.items():
-        metric, budget = key.split("@")
-        for name in names:
-            f = table.get(f"{name}@{budget}")
-            if f is not None:
-                verdict = "met" if f[metric] >= goal else "missed"
-                out(f"goal {metric} >= {goal} at {float(budget):.0%}: {name} {verdict}")
-    out("\nfailing tests missed, by cause:")
-    for key in sorted(table):
-        causes: dict[str, int] = defaultdict(int)
-        for r in by_status["killed"]:
-            for cause in r["results"].get(key, {}).get("misses", {}).values():
-                causes[cause] += 1
-        listed = ", ".join(f"{c} {n}" for c, n in sorted(causes.items())) or "none"
-        out(f"  {key}: {listed}")
-    out(
-        "recall: failing tests in the plan / failing tests; per-mut: the mean of it per mutant; "
-        "tests: mean tests in the plan; share: its mean share of the universe; median: the "
-        "median share"
-    )
-    used: dict[str, int] = defaultdict(int)
-    for r in by_status["killed"]:
-        for key, result in r["results"].items():
-            if result.get("coverage"):
-                used[f"{key}: {result['coverage']}"] += 1
-    if used:
-        out("coverage map use: " + ", ".join(f"{k} {n}" for k, n in sorted(used.items())))
-    for r in by_status["killed"]:
-        if r.get("timed_out"):
-            out(f"cut at --timeout (truth partial): {r['ident']}, {len(r['failing'])} failing")
-    for status in ("equivalent", "untested", "unchanged", "error"):
-        for r in by_status[status]:
-            why = r.get("error", "")
-            out(f"{status}: {r['ident']} ({r['description']}) {why}".rstrip())
 
 
 def whole_file_spec(repo: Path, files: list[str], dtypes: str) -> Path:

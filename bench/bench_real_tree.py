@@ -107,6 +107,163 @@ def _seconds(stamp: str) -> float:
     return datetime.fromisoformat(stamp).timestamp()
 
 
+def _write_spec(spec: Path, files: list[str], dtypes: str) -> None:
+    """The bench's spec: every test of ``files`` whole (``mandatory_success``), with the
+    ``--dtypes`` named as its supported dtypes (none named: every dtype runs)."""
+    spec.write_text(
+        "test_suite_config:\n  files:\n"
+        + "".join(
+            f"    - path: ${{TORCH_ROOT}}/{f}\n      unlisted_test_mode: mandatory_success\n"
+            for f in files
+        )
+        + (
+            "  global:\n    supported_dtypes:\n"
+            + "".join(f"      - name: {d.strip()}\n" for d in dtypes.split(","))
+            if dtypes
+            else ""
+        )
+    )
+
+
+def _specs_show(spec: Path, tree: Path, files: list[str]) -> tuple[int, int]:
+    """``ci-relay specs show``'s count of the spec's universe (what the run must store, none
+    lost), and how many of the files do not import on this torch (one error result each)."""
+    started = time.perf_counter()
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ci_relay",
+            "specs",
+            "show",
+            str(spec),
+            "--upstream",
+            str(tree),
+            "--backend",
+            "spyre-emu",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if shown.returncode not in (0, 1):  # 1: some files do not import; the rest is listed
+        raise SystemExit(f"specs show failed ({shown.returncode}): {shown.stderr[-2000:]}")
+    universe = len(json.loads(shown.stdout))
+    unreadable = shown.stderr.count("COLLECTION ERROR")
+    print(
+        f"{len(files)} real test file(s), {unreadable} of them do not import on this torch; "
+        f"specs show: {universe} spyre-emu variants ({time.perf_counter() - started:.0f} s)",
+        flush=True,
+    )
+    return universe, unreadable
+
+
+def _serve_env(work: Path, tree: Path, spec: Path, shards: int) -> dict[str, str]:
+    """``ci-relay serve``'s settings: the tree and its spec, the whole universe selected,
+    ``shards`` shards a run on as many device slots, in containers."""
+    return {
+        **os.environ,
+        "CI_RELAY_DATA_DIR": str(work / "data"),
+        "CI_RELAY_WEBHOOK_SECRET": SECRET,
+        "CI_RELAY_POLICY_FILE": str(work / "policy.yaml"),
+        "CI_RELAY_UPSTREAM_REPO": str(tree),
+        "CI_RELAY_SPECS": json.dumps([str(spec)]),
+        "CI_RELAY_SELECTION_BUDGET": "all",
+        "CI_RELAY_SELECTION_AGENT": "none",
+        "CI_RELAY_SHARDS_PER_RUN": str(shards),
+        "CI_RELAY_DEVICES": str(shards),
+        "CI_RELAY_DEVICE_LOCK_DIR": str(work / "locks"),
+        "CI_RELAY_RUNTIME": "container",
+        "CI_RELAY_TRIAGE_MAX_TESTS": "0",
+    }
+
+
+def _wait_ready(url: str) -> None:
+    """Until the API answers ``/readyz``, at most a minute (the webhook is sent then anyway)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+
+
+def _pull_request(head: str, base: str) -> dict[str, Any]:
+    """The ``pull_request`` webhook's payload: the tree's last three commits as one change."""
+    return {
+        "action": "opened",
+        "number": 1,
+        "pull_request": {
+            "number": 1,
+            "head": {"sha": head, "ref": "pr-1"},
+            "base": {"sha": base, "ref": "main"},
+            "labels": [],
+        },
+        "repository": {"full_name": "sample/pytorch"},
+    }
+
+
+def _follow(
+    url: str, serve_pid: int, sent: float, timeout: float, peaks: dict[str, int]
+) -> tuple[float | None, float | None, dict[str, Any]]:
+    """Follow the run through the JSON API until it completes (or ``timeout`` after ``sent``,
+    when the webhook went out), sampling the API's and the worker's peak memory into
+    ``peaks``: the seconds from ``sent`` to its first stored result and to its completion
+    (None when it did not get there), and the run as last read."""
+    first = done = None
+    run: dict[str, Any] = {}
+    while time.perf_counter() - sent < timeout:
+        peaks["api"] = max(peaks["api"], _peak_kb(serve_pid))
+        for child in _children(serve_pid):
+            peaks["worker"] = max(peaks["worker"], _peak_kb(child))
+        grid = httpx.get(f"{url}/api/grid", timeout=30).json()
+        ids = [c["run_id"] for row in grid.get("rows", []) for c in row.get("cells", {}).values()]
+        if ids:
+            run = httpx.get(f"{url}/api/runs/{ids[0]}", timeout=60).json()
+            stored = sum(len(s.get("results", [])) for s in run.get("shards", []))
+            if stored and first is None:
+                first = time.perf_counter() - sent
+            if run.get("state") == "completed":
+                done = time.perf_counter() - sent
+                break
+        time.sleep(2)
+    return first, done, run
+
+
+def _print_figures(
+    run: dict[str, Any],
+    first: float | None,
+    done: float | None,
+    universe: int,
+    unreadable: int,
+    peaks: dict[str, int],
+) -> None:
+    """The run's times, its results against ``specs show``'s universe, its longest shard
+    and the API's and worker's peak memory."""
+    counts = run.get("counts", {})
+    total = sum(counts.values()) - unreadable  # each such file is one error result
+    print(f"time to first result: {first:.0f} s" if first else "no result stored")
+    print(f"time to completion: {done:.0f} s" if done else "the run did not complete")
+    if done:
+        print(
+            f"run: {run.get('conclusion')}, {counts}; {total} test results (and {unreadable} "
+            f"collection errors) vs {universe} in specs show "
+            f"({'none lost' if total == universe else f'DIFFERENCE {universe - total}'})"
+        )
+    longest = max(
+        (
+            _seconds(sh.get("finished_at")) - _seconds(sh.get("started_at"))
+            for sh in run.get("shards", [])
+            if sh.get("finished_at") and sh.get("started_at")
+        ),
+        default=0.0,
+    )
+    print(f"longest shard execution: {longest:.0f} s (CRCR's L3 bar: under 3 h)")
+    print(f"peak RSS: API {peaks['api'] / 1024:.0f} MB, worker {peaks['worker'] / 1024:.0f} MB")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -130,66 +287,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-real-tree-") as tmp:
         work = Path(tmp)
         spec = work / "spec.yaml"
-        spec.write_text(
-            "test_suite_config:\n  files:\n"
-            + "".join(
-                f"    - path: ${{TORCH_ROOT}}/{f}\n      unlisted_test_mode: mandatory_success\n"
-                for f in files
-            )
-            + (
-                "  global:\n    supported_dtypes:\n"
-                + "".join(f"      - name: {d.strip()}\n" for d in args.dtypes.split(","))
-                if args.dtypes
-                else ""
-            )
-        )
+        _write_spec(spec, files, args.dtypes)
         (work / "policy.yaml").write_text(
             "repositories:\n  sample/pytorch:\n    backends:\n      spyre-emu: {level: L2}\n"
         )
-        started = time.perf_counter()
-        shown = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "ci_relay",
-                "specs",
-                "show",
-                str(spec),
-                "--upstream",
-                str(tree),
-                "--backend",
-                "spyre-emu",
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if shown.returncode not in (0, 1):  # 1: some files do not import; the rest is listed
-            raise SystemExit(f"specs show failed ({shown.returncode}): {shown.stderr[-2000:]}")
-        universe = len(json.loads(shown.stdout))
-        unreadable = shown.stderr.count("COLLECTION ERROR")
-        print(
-            f"{len(files)} real test file(s), {unreadable} of them do not import on this torch; "
-            f"specs show: {universe} spyre-emu variants ({time.perf_counter() - started:.0f} s)",
-            flush=True,
-        )
+        universe, unreadable = _specs_show(spec, tree, files)
         port = free_port()
-        env = {
-            **os.environ,
-            "CI_RELAY_DATA_DIR": str(work / "data"),
-            "CI_RELAY_WEBHOOK_SECRET": SECRET,
-            "CI_RELAY_POLICY_FILE": str(work / "policy.yaml"),
-            "CI_RELAY_UPSTREAM_REPO": str(tree),
-            "CI_RELAY_SPECS": json.dumps([str(spec)]),
-            "CI_RELAY_SELECTION_BUDGET": "all",
-            "CI_RELAY_SELECTION_AGENT": "none",
-            "CI_RELAY_SHARDS_PER_RUN": str(args.shards),
-            "CI_RELAY_DEVICES": str(args.shards),
-            "CI_RELAY_DEVICE_LOCK_DIR": str(work / "locks"),
-            "CI_RELAY_RUNTIME": "container",
-            "CI_RELAY_TRIAGE_MAX_TESTS": "0",
-        }
+        env = _serve_env(work, tree, spec, args.shards)
         log = (work / "serve.log").open("wb")
         serve = subprocess.Popen(
             [sys.executable, "-m", "ci_relay", "serve", "--port", str(port)],
@@ -201,73 +305,18 @@ def main() -> int:
         memory = ContainerMemory()
         peaks = {"api": 0, "worker": 0}
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.2)
-            payload: dict[str, Any] = {
-                "action": "opened",
-                "number": 1,
-                "pull_request": {
-                    "number": 1,
-                    "head": {"sha": head, "ref": "pr-1"},
-                    "base": {"sha": base, "ref": "main"},
-                    "labels": [],
-                },
-                "repository": {"full_name": "sample/pytorch"},
-            }
+            _wait_ready(url)
+            payload = _pull_request(head, base)
             sent = time.perf_counter()
             assert send_webhook(url, SECRET, "pull_request", payload).status_code == 202
-            first = done = None
-            run: dict[str, Any] = {}
-            while time.perf_counter() - sent < args.timeout:
-                peaks["api"] = max(peaks["api"], _peak_kb(serve.pid))
-                for child in _children(serve.pid):
-                    peaks["worker"] = max(peaks["worker"], _peak_kb(child))
-                grid = httpx.get(f"{url}/api/grid", timeout=30).json()
-                ids = [
-                    c["run_id"]
-                    for row in grid.get("rows", [])
-                    for c in row.get("cells", {}).values()
-                ]
-                if ids:
-                    run = httpx.get(f"{url}/api/runs/{ids[0]}", timeout=60).json()
-                    stored = sum(len(s.get("results", [])) for s in run.get("shards", []))
-                    if stored and first is None:
-                        first = time.perf_counter() - sent
-                    if run.get("state") == "completed":
-                        done = time.perf_counter() - sent
-                        break
-                time.sleep(2)
+            first, done, run = _follow(url, serve.pid, sent, args.timeout, peaks)
             page = httpx.get(f"{url}/runs/{run.get('id')}", timeout=60)
         finally:
             memory.stop()
             serve.terminate()
             serve.wait(60)
             log.close()
-        counts = run.get("counts", {})
-        total = sum(counts.values()) - unreadable  # each such file is one error result
-        print(f"time to first result: {first:.0f} s" if first else "no result stored")
-        print(f"time to completion: {done:.0f} s" if done else "the run did not complete")
-        if done:
-            print(
-                f"run: {run.get('conclusion')}, {counts}; {total} test results (and {unreadable} "
-                f"collection errors) vs {universe} in specs show "
-                f"({'none lost' if total == universe else f'DIFFERENCE {universe - total}'})"
-            )
-        longest = max(
-            (
-                _seconds(sh.get("finished_at")) - _seconds(sh.get("started_at"))
-                for sh in run.get("shards", [])
-                if sh.get("finished_at") and sh.get("started_at")
-            ),
-            default=0.0,
-        )
-        print(f"longest shard execution: {longest:.0f} s (CRCR's L3 bar: under 3 h)")
-        print(f"peak RSS: API {peaks['api'] / 1024:.0f} MB, worker {peaks['worker'] / 1024:.0f} MB")
+        _print_figures(run, first, done, universe, unreadable, peaks)
         for name, mb in sorted(memory.peak.items()):
             print(f"peak memory of container {name}: {mb:.0f} MB")
         print(f"dashboard run page: HTTP {page.status_code}, {len(page.content):,} bytes")

@@ -41,16 +41,15 @@ NAME=ARGS`` (NAME: the clone's folder name). Maps are kept in ``--coverage-cache
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Collection
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +71,7 @@ from saved_runs import (  # noqa: E402
     revision,
     write_saved,
 )
+from yardstick import combo_ranking, eligible_commits, load_yardstick  # noqa: E402
 
 from test_selection.coverage.floor import EXECUTED_SHARE  # noqa: E402
 from test_selection.coverage.map import CoverageMap, CoverageMapError  # noqa: E402
@@ -80,28 +80,6 @@ from test_selection.types import Budget  # noqa: E402
 
 FILE_WEIGHTS = (0.1, 0.3)
 # issue 34's goals with a coverage map: edited-test recall at least this per budget
-
-
-def load_yardstick(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("select_eval", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot load the yardstick {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _eligible(ys: ModuleType, repo: str, commits: int) -> tuple[list, dict, list]:
-    """The script's own eligibility rule, newest first (as its main() applies it)."""
-    history, diffs = ys.history(repo, "HEAD", 1500 + 3000)
-    found = []
-    for c, p in history:
-        rows = diffs[c]
-        tests = [path for st, path in rows if st == "M" and ys.is_test(path)]
-        srcs = [path for st, path in rows if ys.is_source(path)]
-        if tests and srcs and len(rows) <= 60:
-            found.append((c, p, rows, tests, srcs))
-    return history, diffs, found[:commits]
 
 
 def record_map(
@@ -117,7 +95,7 @@ def record_map(
     recorded with ``ci-relay coverage record`` (kept in ``cache``); what it holds, or why
     there is none."""
     ys = load_yardstick(Path(yardstick))
-    _history, _diffs, eligible = _eligible(ys, repo, commits)
+    _history, _diffs, eligible = eligible_commits(ys, repo, commits)
     if not eligible:
         return {"error": "no eligible commit"}
     revision = eligible[-1][1]
@@ -171,7 +149,7 @@ def rolling_series(
     """The rolling maps (``rolling_maps.py``): replayed commit -> map file, and what the
     series cost and refused. ``first``: the one-off map's revision, the series' start."""
     ys = load_yardstick(Path(yardstick))
-    _history, _diffs, eligible = _eligible(ys, repo, commits)
+    _history, _diffs, eligible = eligible_commits(ys, repo, commits)
     wanted = schedule(repo, eligible, every)
     stamps = {
         rev: int(rolling_git(repo, "show", "-s", "--format=%ct", rev).strip())
@@ -220,7 +198,7 @@ def replay(
             loaded[path] = CoverageMap.load(Path(path)).index()
         return loaded[path]
 
-    history, diffs, eligible = _eligible(ys, repo, commits)
+    history, diffs, eligible = eligible_commits(ys, repo, commits)
     index = {c: i for i, (c, _p) in enumerate(history)}
     universe_cache: dict = {}
     blob_cache: dict = {}
@@ -248,14 +226,7 @@ def replay(
         total = sum(counts.values())
         start = index[c] + 1
         before = history[start : start + 1500]
-        cochange = ys.cochange_scores(before, set(srcs), set(universe), diffs)
-        src_tokens = set().union(*(ys.tokens(s) for s in srcs))
-        combo = dict(cochange)
-        for t in universe:
-            overlap = len(ys.tokens(t) & src_tokens)
-            if overlap:
-                combo[t] = combo.get(t, 0.0) + 0.25 * overlap
-        combo_ranked = sorted(combo, key=lambda t: (-combo[t], t))
+        cochange, combo_ranked = combo_ranking(ys, before, srcs, universe, diffs)
         head = ys.synthetic_head(repo, p, c, diff_rows)
         row: dict[str, Any] = {
             "commit": c,
@@ -268,12 +239,9 @@ def replay(
         }
         for budget in BUDGETS:
             picked = ys.fill(combo_ranked, counts, budget * total, 0, "tests")
-            row["results"][f"combo@{budget}"] = {
-                "files": sorted(picked & truth),
-                "tests": sorted(t for t in truth_tests if t.split("::", 1)[0] in picked),
-                "share": sum(counts[f] for f in picked) / total,
-                "seconds": 0.0,
-            }
+            row["results"][f"combo@{budget}"] = _combo_result(
+                picked, counts, total, truth, truth_tests
+            )
             families: list[tuple[str, Any]] = [("", None)]
             if coverage is not None:
                 families.append((MAP, coverage))
@@ -298,22 +266,8 @@ def replay(
                     began = time.perf_counter()
                     plan, _change = select(Path(repo), p, head, None, config)
                     seconds = time.perf_counter() - began
-                    files = {item.test.file for item in plan.selected}
-                    chosen = {item.test.nodeid.split("[", 1)[0] for item in plan.selected}
                     key = f"w{weight}{family}@{budget}"
-                    row["results"][key] = {
-                        "files": sorted(files & truth),
-                        "tests": sorted(t for t in truth_tests if t in chosen),
-                        "share": plan.shares()["tests"],
-                        "seconds": seconds,
-                        "ranking": plan.ranking.get("chosen", "hand"),
-                        "coverage": plan.ranking.get("coverage", ""),
-                        "sweeps": bool(plan.ranking.get("sweeps")),
-                        "known": len(plan.coverage.get("known_functions", [])),
-                        "lag": plan.coverage.get("commits_behind"),
-                        "agent": plan.agent,
-                        "rank_of_truth": _ranks(plan, truth),
-                    }
+                    row["results"][key] = _plan_result(plan, seconds, truth, truth_tests)
         rows.append(row)
         if saved is not None:
             saved.add(row)
@@ -323,6 +277,45 @@ def replay(
         "rows": rows,
         "map": {"path": map_path} if map_path else None,
         "rolling": {"maps": rolling} if rolling else None,
+    }
+
+
+def _combo_result(
+    picked: set[str],
+    counts: dict[str, int],
+    total: int,
+    truth: set[str],
+    truth_tests: Collection[str],
+) -> dict[str, Any]:
+    """What combo's test files (``picked``, filled to the budget; ``total``: the universe's
+    test functions) found of the commit's truth: a test is chosen with its file."""
+    return {
+        "files": sorted(picked & truth),
+        "tests": sorted(t for t in truth_tests if t.split("::", 1)[0] in picked),
+        "share": sum(counts[f] for f in picked) / total,
+        "seconds": 0.0,
+    }
+
+
+def _plan_result(
+    plan: Any, seconds: float, truth: set[str], truth_tests: Collection[str]
+) -> dict[str, Any]:
+    """What one setting's plan found of the commit's truth, and how the selector chose it
+    (ranking, map, sweeps, agent: what the report's misses and rankings read)."""
+    files = {item.test.file for item in plan.selected}
+    chosen = {item.test.nodeid.split("[", 1)[0] for item in plan.selected}
+    return {
+        "files": sorted(files & truth),
+        "tests": sorted(t for t in truth_tests if t in chosen),
+        "share": plan.shares()["tests"],
+        "seconds": seconds,
+        "ranking": plan.ranking.get("chosen", "hand"),
+        "coverage": plan.ranking.get("coverage", ""),
+        "sweeps": bool(plan.ranking.get("sweeps")),
+        "known": len(plan.coverage.get("known_functions", [])),
+        "lag": plan.coverage.get("commits_behind"),
+        "agent": plan.agent,
+        "rank_of_truth": _ranks(plan, truth),
     }
 
 

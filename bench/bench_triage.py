@@ -33,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -96,22 +95,13 @@ def _git(repo: Path, *args: str) -> str:
 
 def _drain(rt: RelayContext, steps: list[Next], stop_at: str | None = None) -> list[Next]:
     """Run steps as a worker would; those of kind ``stop_at`` are handed back, not run."""
-    stale = timedelta(hours=1)
     held: list[Next] = []
     while steps:
         step = steps.pop(0)
         if step.task == stop_at:
             held.append(step)
-        elif step.task == "process":
-            steps += pipeline.process_delivery(rt, step.arg)
-        elif step.task == "select":
-            steps += pipeline.select_tests(rt, step.arg, stale)
-        elif step.task == "execute":
-            steps += pipeline.execute_shard(rt, step.arg, stale)
-        elif step.task == "collect":
-            steps += pipeline.collect(rt, step.arg)
-        elif step.task == "triage":
-            steps += pipeline.triage_run(rt, step.arg, stale)
+        else:
+            steps += pipeline.run_step(rt, step)
     return held
 
 

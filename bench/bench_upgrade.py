@@ -192,6 +192,101 @@ def spec_for(files: list[str], folder: Path) -> Path:
     return spec
 
 
+def _history(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, scratch: Path
+) -> tuple[Path, str, str, list[str], bool]:
+    """The repository, the two revisions, the spec's files, and whether the tests import the
+    tree's own package: the named history, or (``--sample``) the sample upstream built in
+    ``scratch``."""
+    import_tree = True
+    if args.sample:
+        from ci_relay.sample_upstream import build_sample_upstream
+
+        sample = build_sample_upstream(scratch / "sample")
+        repo, base, head = sample.path, sample.commits[0].sha, sample.commits[-1].sha
+        files = sorted(
+            p
+            for p in git(repo, "ls-tree", "-r", "--name-only", head).splitlines()
+            if p.startswith("test/test_")
+        )
+        import_tree = False  # its torch/ is a stand-in for diffs, never imported
+    else:
+        if args.repo is None or not args.base or not args.head or not args.files:
+            parser.error("REPO, --from, --to and --files are needed (or --sample)")
+        repo, base, head, files = args.repo.resolve(), args.base, args.head, args.files
+    return repo, base, head, files, import_tree
+
+
+def _outcomes(
+    args: argparse.Namespace,
+    repo: Path,
+    revisions: tuple[str, str],
+    files: list[str],
+    import_tree: bool,
+    scratch: Path,
+) -> tuple[dict[str, dict[str, str]], dict[str, float]]:
+    """Each side's (A, B) folded outcomes and the seconds its run took: read from
+    ``--outcomes`` when it exists, else run (and then written there)."""
+    base_sha, head_sha = revisions
+    outcomes: dict[str, dict[str, str]] = {}
+    seconds: dict[str, float] = {}
+    if args.outcomes is not None and args.outcomes.exists():
+        saved = json.loads(args.outcomes.read_text())
+        outcomes, seconds = saved["outcomes"], saved["seconds"]
+        print(f"outcomes read from {args.outcomes} (runs of {saved['base']}..{saved['head']})")
+    for side, rev in (("A", base_sha), ("B", head_sha)):
+        if side in outcomes:
+            continue
+        with worktree(repo, rev, scratch) as tree:
+            build_extension(tree, args.python)
+            print(f"running the whole universe at {side} ({len(files)} files)…", flush=True)
+            outcomes[side], seconds[side] = run_universe(
+                tree,
+                files,
+                args.python,
+                import_tree,
+                args.timeout,
+                args.per_test_timeout,
+                args.junit_a if side == "A" else None,
+            )
+            print(f"  {len(outcomes[side])} tests in {seconds[side]:.0f} s", flush=True)
+
+    if args.outcomes is not None and not args.outcomes.exists():
+        args.outcomes.write_text(
+            json.dumps(
+                {"base": base_sha, "head": head_sha, "outcomes": outcomes, "seconds": seconds}
+            )
+        )
+    return outcomes, seconds
+
+
+def picked(test: str, selected: set[str]) -> bool:
+    """Whether the upgrade selected ``test``: a generic test the junit names differently
+    from the AST (e.g. nested classes) is matched by file and name when the exact id is
+    absent."""
+    if test in selected:
+        return True
+    file, _, rest = test.partition("::")
+    return any(
+        s.startswith(file + "::") and s.endswith("::" + rest.rsplit("::", 1)[-1]) for s in selected
+    )
+
+
+def _time_wide_range(repo: Path, head_sha: str, wide: int, spec: Path) -> None:
+    """The analysis timed on ``--wide`` first-parent commits ending at B (none when the
+    history is shorter)."""
+    wide_base = git(repo, "rev-list", "--first-parent", f"--skip={wide}", "-1", head_sha)
+    if wide_base:
+        wide_commits = int(git(repo, "rev-list", "--count", f"{wide_base}..{head_sha}"))
+        started = time.perf_counter()
+        plan = plan_upgrade(repo, wide_base, head_sha, [spec])
+        wide_seconds = time.perf_counter() - started
+        print(
+            f"    wide range: {wide_commits} commits analysed in {wide_seconds:.2f} s "
+            f"({len(plan.diff.run_list())} of {plan.diff.tests_at_head} tests selected)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("repo", type=Path, nargs="?")
@@ -223,22 +318,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-upgrade-") as scratch_name:
         scratch = Path(scratch_name)
-        import_tree = True
-        if args.sample:
-            from ci_relay.sample_upstream import build_sample_upstream
-
-            sample = build_sample_upstream(scratch / "sample")
-            repo, base, head = sample.path, sample.commits[0].sha, sample.commits[-1].sha
-            files = sorted(
-                p
-                for p in git(repo, "ls-tree", "-r", "--name-only", head).splitlines()
-                if p.startswith("test/test_")
-            )
-            import_tree = False  # its torch/ is a stand-in for diffs, never imported
-        else:
-            if args.repo is None or not args.base or not args.head or not args.files:
-                parser.error("REPO, --from, --to and --files are needed (or --sample)")
-            repo, base, head, files = args.repo.resolve(), args.base, args.head, args.files
+        repo, base, head, files, import_tree = _history(args, parser, scratch)
         base_sha, head_sha = git(repo, "rev-parse", base), git(repo, "rev-parse", head)
         commits = int(git(repo, "rev-list", "--count", f"{base_sha}..{head_sha}"))
         print(
@@ -255,50 +335,10 @@ def main() -> None:
             f"selected ({plan.diff.by_kind()})"
         )
 
-        outcomes: dict[str, dict[str, str]] = {}
-        seconds: dict[str, float] = {}
-        if args.outcomes is not None and args.outcomes.exists():
-            saved = json.loads(args.outcomes.read_text())
-            outcomes, seconds = saved["outcomes"], saved["seconds"]
-            print(f"outcomes read from {args.outcomes} (runs of {saved['base']}..{saved['head']})")
-        for side, rev in (("A", base_sha), ("B", head_sha)):
-            if side in outcomes:
-                continue
-            with worktree(repo, rev, scratch) as tree:
-                build_extension(tree, args.python)
-                print(f"running the whole universe at {side} ({len(files)} files)…", flush=True)
-                outcomes[side], seconds[side] = run_universe(
-                    tree,
-                    files,
-                    args.python,
-                    import_tree,
-                    args.timeout,
-                    args.per_test_timeout,
-                    args.junit_a if side == "A" else None,
-                )
-                print(f"  {len(outcomes[side])} tests in {seconds[side]:.0f} s", flush=True)
-
-        if args.outcomes is not None and not args.outcomes.exists():
-            args.outcomes.write_text(
-                json.dumps(
-                    {"base": base_sha, "head": head_sha, "outcomes": outcomes, "seconds": seconds}
-                )
-            )
+        outcomes, seconds = _outcomes(args, repo, (base_sha, head_sha), files, import_tree, scratch)
         at_a, at_b = outcomes["A"], outcomes["B"]
         changed = {t for t, o in at_b.items() if at_a.get(t) != o}
-
-        # a generic test the junit names differently from the AST (e.g. nested classes) is
-        # matched by file and name when the exact id is absent
-        def picked(test: str) -> bool:
-            if test in selected:
-                return True
-            file, _, rest = test.partition("::")
-            return any(
-                s.startswith(file + "::") and s.endswith("::" + rest.rsplit("::", 1)[-1])
-                for s in selected
-            )
-
-        caught = {t for t in changed if picked(t)}
+        caught = {t for t in changed if picked(t, selected)}
         share = len(selected) / max(1, plan.diff.tests_at_head)
         recall = len(caught) / len(changed) if changed else 1.0
         print()
@@ -312,16 +352,7 @@ def main() -> None:
             f"(c) analysis {analysis:.2f} s = {analysis / seconds['B']:.2%} of running B's "
             f"universe ({seconds['B']:.0f} s)"
         )
-        wide_base = git(repo, "rev-list", "--first-parent", f"--skip={args.wide}", "-1", head_sha)
-        if wide_base:
-            wide_commits = int(git(repo, "rev-list", "--count", f"{wide_base}..{head_sha}"))
-            started = time.perf_counter()
-            wide = plan_upgrade(repo, wide_base, head_sha, [spec])
-            wide_seconds = time.perf_counter() - started
-            print(
-                f"    wide range: {wide_commits} commits analysed in {wide_seconds:.2f} s "
-                f"({len(wide.diff.run_list())} of {wide.diff.tests_at_head} tests selected)"
-            )
+        _time_wide_range(repo, head_sha, args.wide, spec)
         goal = recall == 1.0 and share <= 0.30 and analysis < 60
         verdict = "met" if goal else "NOT met"
         print(f"goal (recall 1.0 at <= 30 % selected, analysis < 60 s): {verdict}")

@@ -191,17 +191,11 @@ def print_map_table(
         )
 
 
-def print_tables(results: list[dict[str, Any]], weights: tuple[float, ...]) -> list[str]:
-    """The tables: per history and setting, leave one repository out, with maps, the misses.
-    Returns the histories that were to have a map and did not get one."""
-    names = [Path(r["repo"]).name for r in results]
-    mapped = any(
-        k.endswith(f"{MAP}@0.15") for r in results if r["rows"] for k in r["rows"][0]["results"]
-    )
-    rolled = any(
-        k.endswith(f"{ROLL}@0.15") for r in results if r["rows"] for k in r["rows"][0]["results"]
-    )
-    families = ["", *([MAP] if mapped else []), *([ROLL] if rolled else [])]
+def print_settings(
+    names: list[str], results: list[dict[str, Any]], families: list[str], weights: tuple[float, ...]
+) -> None:
+    """Every setting's figures per history, combo first: what the leave-one-out choice
+    picks from."""
     print(
         "\nPer history and setting (file recall / edited-test recall [changes with an edited "
         "test in the plan, per-change mean of edited-test recall] at 15 % and 5 %):"
@@ -222,72 +216,59 @@ def print_tables(results: list[dict[str, Any]], weights: tuple[float, ...]) -> l
             line.append(f"{setting} {' '.join(parts)}")
         print("  " + " | ".join(line))
 
-    def has(result: dict[str, Any], family: str) -> bool:
-        return (
-            bool(result["rows"]) and f"w{weights[0]}{family}@0.15" in result["rows"][0]["results"]
-        )
 
-    def score(others: list[dict[str, Any]], weight: float, family: str) -> tuple[bool, float]:
-        """How a setting did on the other histories: first whether it met the file-recall goal
-        on every one of them at both budgets, then its edited-test recall summed (the figure
-        that says whether the right tests inside a file were chosen)."""
-        met, tests = True, 0.0
-        for result in others:
-            for b in BUDGETS:
-                ours = figures(result["rows"], f"w{weight}{family}@{b}")
-                base = figures(result["rows"], f"combo@{b}")
-                met = met and ours["file"] >= base["file"] + GOAL_FILE_MARGIN
-                tests += ours["test"]
-        return met, tests
-
-    def chosen(k: int, family: str = "") -> float:
-        others = [r for j, r in enumerate(results) if j != k and has(r, family)] or [results[k]]
-        return max(weights, key=lambda w: score(others, w, family))
-
-    for family in families:
+def print_loo_table(
+    names: list[str], results: list[dict[str, Any]], family: str, chosen: Any, has: Any
+) -> None:
+    """One family's leave-one-repository-out table: each history under the setting chosen
+    on the others, beside combo, with the goals of issue 24 it missed."""
+    print(
+        "\nLeave one repository out"
+        + (f" with {FAMILY_NAMES[family]}" if family else "")
+        + " (each row: the setting that, on the other histories, met "
+        "the file-recall goal everywhere and found the most edited tests)"
+    )
+    print(
+        "| history | setting | 15 %: file recall (combo) | edited-test recall (combo) | "
+        "5 %: file recall (combo) | edited-test recall (combo) | share 15 % | "
+        "s/change cold / warm | goals |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for k, (name, result) in enumerate(zip(names, results, strict=True)):
+        if not has(result, family):
+            continue
+        best = chosen(k, family)
+        setting = f"w{best}{family}"
+        rows = result["rows"]
+        cells, goals = [], []
+        for budget in BUDGETS:
+            ours, base = figures(rows, f"{setting}@{budget}"), figures(rows, f"combo@{budget}")
+            cells += [
+                f"{ours['file']:.3f} ({base['file']:.3f})",
+                f"{ours['test']:.3f} ({base['test']:.3f})",
+            ]
+            if ours["file"] < base["file"] + GOAL_FILE_MARGIN:
+                goals.append(f"file {budget:.0%} {ours['file'] - base['file']:+.3f}")
+            if ours["test"] < base["test"]:
+                goals.append(f"edited {budget:.0%} below combo")
+            if budget == 0.15:
+                if ours["test"] < base["test"] + GOAL_TEST_MARGIN:
+                    goals.append(f"edited 15% {ours['test'] - base['test']:+.3f}")
+                if ours["test"] < GOAL_TEST_FLOOR:
+                    goals.append(f"edited 15% {ours['test']:.3f} < {GOAL_TEST_FLOOR}")
+        main_fig = figures(rows, f"{setting}@0.15")
         print(
-            "\nLeave one repository out"
-            + (f" with {FAMILY_NAMES[family]}" if family else "")
-            + " (each row: the setting that, on the other histories, met "
-            "the file-recall goal everywhere and found the most edited tests)"
+            f"| {name} | file weight {best} | {' | '.join(cells)} | {main_fig['share']:.3f} | "
+            f"{main_fig['cold']:.1f} / {main_fig['warm']:.2f} | "
+            f"{'met' if not goals else '; '.join(goals)} |"
         )
-        print(
-            "| history | setting | 15 %: file recall (combo) | edited-test recall (combo) | "
-            "5 %: file recall (combo) | edited-test recall (combo) | share 15 % | "
-            "s/change cold / warm | goals |"
-        )
-        print("|---|---|---|---|---|---|---|---|---|")
-        for k, (name, result) in enumerate(zip(names, results, strict=True)):
-            if not has(result, family):
-                continue
-            best = chosen(k, family)
-            setting = f"w{best}{family}"
-            rows = result["rows"]
-            cells, goals = [], []
-            for budget in BUDGETS:
-                ours, base = figures(rows, f"{setting}@{budget}"), figures(rows, f"combo@{budget}")
-                cells += [
-                    f"{ours['file']:.3f} ({base['file']:.3f})",
-                    f"{ours['test']:.3f} ({base['test']:.3f})",
-                ]
-                if ours["file"] < base["file"] + GOAL_FILE_MARGIN:
-                    goals.append(f"file {budget:.0%} {ours['file'] - base['file']:+.3f}")
-                if ours["test"] < base["test"]:
-                    goals.append(f"edited {budget:.0%} below combo")
-                if budget == 0.15:
-                    if ours["test"] < base["test"] + GOAL_TEST_MARGIN:
-                        goals.append(f"edited 15% {ours['test'] - base['test']:+.3f}")
-                    if ours["test"] < GOAL_TEST_FLOOR:
-                        goals.append(f"edited 15% {ours['test']:.3f} < {GOAL_TEST_FLOOR}")
-            main_fig = figures(rows, f"{setting}@0.15")
-            print(
-                f"| {name} | file weight {best} | {' | '.join(cells)} | {main_fig['share']:.3f} | "
-                f"{main_fig['cold']:.1f} / {main_fig['warm']:.2f} | "
-                f"{'met' if not goals else '; '.join(goals)} |"
-            )
-    unmapped = [n for n, r in zip(names, results, strict=True) if "error" in (r.get("map") or {})]
-    if mapped or rolled or unmapped:
-        print_map_table(names, results, chosen, has)
+
+
+def print_misses(
+    names: list[str], results: list[dict[str, Any]], families: list[str], chosen: Any, has: Any
+) -> None:
+    """The LOO setting's misses at 15 % by cause (and, with a map, by what the map knew),
+    and the rankings its plans chose."""
     print("\nMisses at 15 % by cause (the LOO setting):")
     for k, (name, result) in enumerate(zip(names, results, strict=True)):
         for family in families:
@@ -312,4 +293,47 @@ def print_tables(results: list[dict[str, Any]], weights: tuple[float, ...]) -> l
                 print(f"  {' ' * len(label)}  edited tests missed, by the map: "
                       f"{map_misses(result, key, family)}")  # fmt: skip
             print(f"  {' ' * len(label)}  rankings chosen: {dict(rankings)}")
+
+
+def print_tables(results: list[dict[str, Any]], weights: tuple[float, ...]) -> list[str]:
+    """The tables: per history and setting, leave one repository out, with maps, the misses.
+    Returns the histories that were to have a map and did not get one."""
+    names = [Path(r["repo"]).name for r in results]
+    mapped = any(
+        k.endswith(f"{MAP}@0.15") for r in results if r["rows"] for k in r["rows"][0]["results"]
+    )
+    rolled = any(
+        k.endswith(f"{ROLL}@0.15") for r in results if r["rows"] for k in r["rows"][0]["results"]
+    )
+    families = ["", *([MAP] if mapped else []), *([ROLL] if rolled else [])]
+    print_settings(names, results, families, weights)
+
+    def has(result: dict[str, Any], family: str) -> bool:
+        return (
+            bool(result["rows"]) and f"w{weights[0]}{family}@0.15" in result["rows"][0]["results"]
+        )
+
+    def score(others: list[dict[str, Any]], weight: float, family: str) -> tuple[bool, float]:
+        """How a setting did on the other histories: first whether it met the file-recall goal
+        on every one of them at both budgets, then its edited-test recall summed (the figure
+        that says whether the right tests inside a file were chosen)."""
+        met, tests = True, 0.0
+        for result in others:
+            for b in BUDGETS:
+                ours = figures(result["rows"], f"w{weight}{family}@{b}")
+                base = figures(result["rows"], f"combo@{b}")
+                met = met and ours["file"] >= base["file"] + GOAL_FILE_MARGIN
+                tests += ours["test"]
+        return met, tests
+
+    def chosen(k: int, family: str = "") -> float:
+        others = [r for j, r in enumerate(results) if j != k and has(r, family)] or [results[k]]
+        return max(weights, key=lambda w: score(others, w, family))
+
+    for family in families:
+        print_loo_table(names, results, family, chosen, has)
+    unmapped = [n for n, r in zip(names, results, strict=True) if "error" in (r.get("map") or {})]
+    if mapped or rolled or unmapped:
+        print_map_table(names, results, chosen, has)
+    print_misses(names, results, families, chosen, has)
     return unmapped

@@ -8,7 +8,6 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -217,18 +216,5 @@ def post_webhook(client: TestClient, event: str, payload: dict[str, Any]) -> Non
 def drain(rt: RelayContext, steps: list[Next]) -> None:
     """Run every queued pipeline step in this process, as a worker would (reports are left
     in the outbox)."""
-    stale = timedelta(hours=1)
     while steps:
-        step = steps.pop(0)
-        if step.task == "process":
-            steps += pipeline.process_delivery(rt, step.arg)
-        elif step.task == "select":
-            steps += pipeline.select_tests(rt, step.arg, stale)
-        elif step.task == "upgrade":
-            steps += pipeline.plan_upgrade_job(rt, step.arg, stale)
-        elif step.task == "execute":
-            steps += pipeline.execute_shard(rt, step.arg, stale)
-        elif step.task == "collect":
-            steps += pipeline.collect(rt, step.arg)
-        elif step.task == "triage":
-            steps += pipeline.triage_run(rt, step.arg, stale)
+        steps += pipeline.run_step(rt, steps.pop(0))

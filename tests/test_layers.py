@@ -221,7 +221,7 @@ def test_no_module_over_600_lines_and_no_function_over_120() -> None:
     """Sizes a newcomer can read (issue 46): a longer module or function is split by
     responsibility, not allowed here."""
     found = []
-    for package in ("ci_relay", "test_selection", "reuse_specs"):
+    for package in ("ci_relay", "test_selection", "reuse_specs", "spyre_emu", "bench"):
         for path in sorted((ROOT / package).rglob("*.py")):
             source = path.read_text(encoding="utf-8")
             where = path.relative_to(ROOT)
