@@ -16,11 +16,13 @@ import pytest
 
 from test_selection.change_analysis import _defs, body_lines
 from test_selection.coverage.map import (
+    MAX_DEPTH,
     CoverageMap,
     CoverageMapError,
     parse_ranges,
     ranges,
 )
+from test_selection.coverage.recorder import FunctionSpans
 from test_selection.coverage.update import Update, merged
 from tests.conftest import CliResult
 from tests.gitrepo import GitRepo
@@ -231,3 +233,87 @@ def test_a_map_brought_forward_keeps_lines_only_where_they_cannot_have_moved() -
     assert out.lines == {"t.py::test_a": {"a.py": frozenset({3})}}
     assert out.index().lines_of("t.py::test_b", "b.py") is None  # not known, not "none"
     assert out.index().lines_of("t.py::test_a", "b.py") == frozenset()
+
+
+THREADED = """\
+import threading
+
+
+def served(x):
+    return handle(x) + 1
+
+
+def handle(x):
+    return x * 2
+
+
+class App:
+    def call(self, x):
+        def inner(y):
+            return y - 1
+
+        return inner(x)
+"""
+THREAD_TESTS = """\
+import threading
+
+from pkg.app import App, served
+
+
+def test_in_a_thread():
+    out = []
+    worker = threading.Thread(target=lambda: out.append(served(3)))
+    worker.start()
+    worker.join()
+    assert out == [7]
+
+
+def test_direct():
+    assert App().call(2) == 1
+"""
+
+
+def test_what_a_test_runs_in_a_thread_is_recorded_from_its_lines(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """The profiler follows only the test's own thread (a web framework's test client runs
+    the app in another): the functions the thread ran come from the lines coverage.py traced
+    there, at the farthest distance; a test the profiler followed gets none that way."""
+    repo = GitRepo(tmp_path / "up")
+    base = repo.commit(
+        "base", {"pkg/__init__.py": "", "pkg/app.py": THREADED, "tests/test_app.py": THREAD_TESTS},
+        dedent=False,
+    )  # fmt: skip
+    out = tmp_path / "map.json.gz"
+    _record(cli, repo, base, out)
+    cmap = CoverageMap.load(out)
+    threaded = cmap.tests["tests/test_app.py::test_in_a_thread"]
+    assert "threads" in cmap.flags["tests/test_app.py::test_in_a_thread"]
+    assert threaded[("pkg/app.py", "served")] == MAX_DEPTH
+    assert threaded[("pkg/app.py", "handle")] == MAX_DEPTH
+    direct = cmap.tests["tests/test_app.py::test_direct"]
+    assert direct[("pkg/app.py", "App.call")] == 1  # the profiler's own distance
+    assert ("pkg/app.py", "App.call.<locals>.inner") in direct
+    # without lines there is nothing to read the thread's work from
+    _record(cli, repo, base, out, "--no-lines")
+    assert ("pkg/app.py", "served") not in CoverageMap.load(out).tests[
+        "tests/test_app.py::test_in_a_thread"
+    ]
+
+
+def test_lines_are_named_as_the_profiler_names_functions(tmp_path: Path) -> None:
+    source = tmp_path / "app.py"
+    source.write_text(THREADED + "\nif True:\n    def later():\n        return 0\n")
+    numbered = {n: line for n, line in enumerate(source.read_text().splitlines(), 1)}
+    where = {text.strip(): n for n, text in numbered.items()}
+    lines = {"app.py": {where["return handle(x) + 1"], where["return y - 1"],
+                        where["return inner(x)"], where["def inner(y):"],
+                        where["return 0"], where["import threading"]}}  # fmt: skip
+    found = FunctionSpans().functions(lines, {"app.py": str(source)})
+    assert set(found) == {
+        ("app.py", "served"),
+        ("app.py", "App.call.<locals>.inner"),
+        ("app.py", "App.call"),  # the inner def's header runs in App.call
+        ("app.py", "later"),
+    }
+    assert FunctionSpans().functions({"gone.py": {1}}, {"gone.py": str(tmp_path / "no")}) == {}

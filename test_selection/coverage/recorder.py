@@ -28,6 +28,7 @@ turns the lines into a map).
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import cProfile
 import inspect
@@ -38,6 +39,7 @@ import threading
 import time
 import types
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -413,9 +415,12 @@ class Recorder:
         self.map.collected = session.testscollected
         self.map.collection_errors = self.collection_errors[:MAX_ERRORS]
         if self.lines is not None:
+            spans = FunctionSpans()
             for test, lines in self.lines.finish().items():
                 if test in self.map.tests:
-                    self.map.add(test, {}, (), lines)
+                    unseen = self.map.flags.get(test, set()) & UNFOLLOWED
+                    found = spans.functions(lines, self.lines.paths) if unseen else {}
+                    self.map.add(test, found, (), lines)
         if self.output is not None:
             self.map.save(self.output)
 
@@ -432,6 +437,7 @@ class LineTracer:
         self.namer = namer
         self.current = ""
         self.test_files: set[str] = set()
+        self.paths: dict[str, str] = {}  # a recorded file's name -> where it was measured
         self.coverage = coverage.Coverage(
             data_file=None, source=folders, config_file=False, branch=False
         )
@@ -455,11 +461,63 @@ class LineTracer:
             name = self.namer(path)
             if name is None or name in self.test_files or name.endswith("conftest.py"):
                 continue
+            self.paths[name] = path
             for line, tests in data.contexts_by_lineno(path).items():
                 for test in tests:
                     if test:
                         out.setdefault(test, {}).setdefault(name, set()).add(line)
         return out
+
+
+# flags of a test whose calls the profiler did not all see: code run in a thread it started
+# (a web framework's test client runs the app in one) or after it replaced the profiler
+UNFOLLOWED = frozenset({"threads", "profiler-replaced"})
+
+
+class FunctionSpans:
+    """The function each line of a file belongs to, read from its source once: a test the
+    profiler could not follow everywhere (``UNFOLLOWED``) gets, from the lines coverage.py
+    traced in every thread, the functions they are in, at the farthest distance (how far
+    from the test is not known). Named as the profiler names them: ``Class.method``,
+    ``outer.<locals>.inner``; a line of a def's header or decorators belongs to the code
+    around it (it runs when the def is made), comprehensions and lambdas to their def."""
+
+    def __init__(self) -> None:
+        self.owners: dict[str, dict[int, str]] = {}
+
+    def functions(self, lines: dict[str, set[int]], paths: dict[str, str]) -> dict[Function, int]:
+        found: dict[Function, int] = {}
+        for name, numbers in lines.items():
+            owner = self._owners(name, paths.get(name))
+            for number in numbers:
+                qualname = owner.get(number)
+                if qualname is not None:
+                    found[(name, qualname)] = MAX_DEPTH
+        return found
+
+    def _owners(self, name: str, path: str | None) -> dict[int, str]:
+        if name not in self.owners:
+            self.owners[name] = {}
+            try:
+                tree = ast.parse(Path(path).read_bytes()) if path else None
+            except (OSError, SyntaxError, ValueError):
+                tree = None
+            if tree is not None:
+                self._walk(tree.body, "", self.owners[name])
+        return self.owners[name]
+
+    def _walk(self, nodes: Iterable[ast.AST], prefix: str, owner: dict[int, str]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.ClassDef):
+                self._walk(node.body, f"{prefix}{node.name}.", owner)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                qualname = f"{prefix}{node.name}"
+                first = node.body[0].lineno
+                for number in range(first, (node.end_lineno or first) + 1):
+                    owner[number] = qualname  # inner defs, walked next, take their own
+                self._walk(node.body, f"{qualname}.<locals>.", owner)
+            elif isinstance(node, ast.stmt | ast.excepthandler):  # if / try / with bodies
+                self._walk(ast.iter_child_nodes(node), prefix, owner)
 
 
 def pytest_configure(config: pytest.Config) -> None:
