@@ -1,5 +1,6 @@
 """What recording a per-test coverage map costs (issue 34): a repository's own tests run with
-plain pytest, with the recording plugin (``cProfile`` around each test, function level), with
+plain pytest, with the recording plugin (function level: ``sys.monitoring``'s first call per
+test on Python 3.12+, measured beside ``cProfile`` around each test there), with
 the plugin recording lines too (issue 55: ``--coverage-lines``, coverage.py's tracer with one
 context per test, as ``coverage record`` does by default), and with coverage.py's own per-test
 dynamic contexts (``coverage run``), in alternating order so the page cache favours none.
@@ -39,11 +40,12 @@ def _command(python: str, mode: str, repo: Path, out: Path, args: list[str]) -> 
     base = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", *args]
     if mode == "plain":
         return [python, *base]
-    if mode in ("recorder", "recorder+lines"):
+    if mode.startswith("recorder"):
         return [
             python, *base, "-p", "test_selection.coverage_recorder",
             "--record-coverage", str(out), "--coverage-root", str(repo),
             *(["--coverage-lines"] if mode == "recorder+lines" else []),
+            *(["--coverage-profiler", "cprofile"] if mode == "recorder-cprofile" else []),
         ]  # fmt: skip
     rc = out.with_suffix(".coveragerc")
     rc.write_text(
@@ -51,6 +53,23 @@ def _command(python: str, mode: str, repo: Path, out: Path, args: list[str]) -> 
         f"data_file = {out.with_suffix('.coverage')}\nsource = {repo}\n"
     )
     return [python, "-m", "coverage", "run", f"--rcfile={rc}", *base]
+
+
+def _parity(monitored: Path, profiled: Path) -> None:
+    """How far sys.monitoring's map agrees with cProfile's: the (test, function) pairs both
+    hold, and among them those recorded at the same distance."""
+    if not (monitored.is_file() and profiled.is_file()):
+        return
+    a, b = CoverageMap.load(monitored).tests, CoverageMap.load(profiled).tests
+    pairs_a = {(t, f): d for t, fs in a.items() for f, d in fs.items()}
+    pairs_b = {(t, f): d for t, fs in b.items() for f, d in fs.items()}
+    both = pairs_a.keys() & pairs_b.keys()
+    same = sum(1 for k in both if pairs_a[k] == pairs_b[k])
+    print(
+        f"parity: {len(both)} (test, function) pairs in both maps, {len(pairs_a) - len(both)} "
+        f"only with sys.monitoring, {len(pairs_b) - len(both)} only with cProfile; "
+        f"{same / max(1, len(both)):.3f} of the shared at the same distance"
+    )
 
 
 def main() -> int:
@@ -64,6 +83,11 @@ def main() -> int:
     opts = ap.parse_args(own)
     repo = opts.repo.resolve()
     modes = ["plain", "recorder"]
+    monitoring = subprocess.run(
+        [opts.python, "-c", "import sys; sys.monitoring"], capture_output=True, check=False
+    )
+    if monitoring.returncode == 0:  # "recorder" is sys.monitoring's there; cProfile beside it
+        modes += ["recorder-cprofile"]
     has_coverage = subprocess.run(
         [opts.python, "-c", "import coverage"], capture_output=True, check=False
     )
@@ -108,6 +132,10 @@ def main() -> int:
                     )
                 elif mode == "coverage.py" and out.with_suffix(".coverage").is_file():
                     sizes[mode] = out.with_suffix(".coverage").stat().st_size
+        if "recorder-cprofile" in modes:
+            _parity(
+                Path(scratch) / "recorder-0.json.gz", Path(scratch) / "recorder-cprofile-0.json.gz"
+            )
     plain = statistics.median(seconds["plain"])
     print(f"\n{'mode':<15} {'median s':>9} {'ratio':>7} {'data':>10}")
     for mode in modes:

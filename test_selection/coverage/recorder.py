@@ -46,6 +46,8 @@ from typing import Any, cast
 
 import pytest
 
+from test_selection.coverage import first_calls
+from test_selection.coverage.first_calls import FirstCalls
 from test_selection.coverage.map import (
     MAX_DEPTH,
     MAX_ERRORS,
@@ -72,6 +74,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         default=False,
         help="also record the lines each test executed (needs coverage.py)",
+    )
+    group.addoption(
+        "--coverage-profiler",
+        choices=("auto", "monitoring", "cprofile"),
+        default="auto",
+        help="how calls are seen: sys.monitoring's first call per test (Python 3.12+, the "
+        "default where it is free), or cProfile around each test",
     )
     group.addoption(
         "--coverage-progress",
@@ -236,7 +245,7 @@ class _Pending:
     """The upstream test being profiled: its id, profiler, flags and first variant."""
 
     test: str
-    profiler: cProfile.Profile
+    profiler: cProfile.Profile | None  # None: the session's sys.monitoring records it
     flags: set[str]
     item: pytest.Item
     started: float = field(default_factory=time.monotonic)
@@ -257,6 +266,7 @@ class Recorder:
         )
         self.current_flags: set[str] | None = None
         self.pending: _Pending | None = None  # the upstream test being profiled
+        self.monitor = FirstCalls(self.namer) if _monitoring(opt.coverage_profiler) else None
         self.lines: LineTracer | None = None
         if opt.coverage_lines and self.stream is None:
             try:
@@ -306,22 +316,18 @@ class Recorder:
         if pending is not None and pending.test != test:
             self._flush()
             pending = None
+        fresh = pending is None
         if pending is None:
-            pending = self.pending = _Pending(test, cProfile.Profile(), set(), item)
+            profiler = None if self.monitor is not None else cProfile.Profile()
+            pending = self.pending = _Pending(test, profiler, set(), item)
         self.current_flags = pending.flags
         if self.lines is not None:
             self.lines.switch(test, self.namer(str(item.path)))
-        try:
-            pending.profiler.enable()
-        except ValueError:  # another profiler holds the interpreter
-            pending.flags.add("failed-to-record")
+        self._start(pending, fresh)
         try:
             yield
         finally:
-            replaced = sys.getprofile() is not cast(object, pending.profiler)
-            pending.profiler.disable()
-            if replaced:
-                pending.flags.add("profiler-replaced")
+            self._stop(pending)
             self.current_flags = None
             if self.progress is not None:
                 self.progress.done += 1
@@ -330,13 +336,44 @@ class Recorder:
             if self.stream is not None and time.monotonic() - pending.started > FLUSH_SECONDS:
                 self._flush()
 
+    def _start(self, pending: _Pending, fresh: bool) -> None:
+        if self.monitor is not None:
+            if fresh:
+                self.monitor.start(self.namer(str(pending.item.path)))
+            else:
+                self.monitor.resume()
+            return
+        assert pending.profiler is not None
+        try:
+            pending.profiler.enable()
+        except ValueError:  # another profiler holds the interpreter
+            pending.flags.add("failed-to-record")
+
+    def _stop(self, pending: _Pending) -> None:
+        if self.monitor is not None:
+            self.monitor.pause()
+            return
+        assert pending.profiler is not None
+        # before 3.12 a profiler is the thread's profile function; from 3.12 on cProfile is a
+        # sys.monitoring tool, and getprofile() no longer shows it
+        replaced = sys.version_info < (3, 12) and sys.getprofile() is not cast(
+            object, pending.profiler
+        )
+        pending.profiler.disable()
+        if replaced:
+            pending.flags.add("profiler-replaced")
+
     def _flush(self) -> None:
         """Write the pending test's record (its variants so far)."""
         pending, self.pending = self.pending, None
         if pending is None:
             return
         try:
-            functions = self._functions(pending.profiler, pending.item)
+            if self.monitor is not None:
+                functions = dict(self.monitor.read())
+            else:
+                assert pending.profiler is not None
+                functions = self._functions(pending.profiler, pending.item)
         except Exception:  # never fail a test over its record
             functions = {}
             pending.flags.add("failed-to-record")
@@ -410,6 +447,8 @@ class Recorder:
         if self.progress is not None:
             self.progress.write(force=True)
         self._flush()
+        if self.monitor is not None:
+            self.monitor.close()
         threading.setprofile(None)
         self.map.seconds = time.monotonic() - self.started
         self.map.collected = session.testscollected
@@ -467,6 +506,18 @@ class LineTracer:
                     if test:
                         out.setdefault(test, {}).setdefault(name, set()).add(line)
         return out
+
+
+def _monitoring(choice: str) -> bool:
+    """Whether this session records with ``sys.monitoring`` (``--coverage-profiler``)."""
+    if choice == "cprofile":
+        return False
+    if not first_calls.available():
+        if choice == "monitoring":
+            raise pytest.UsageError("--coverage-profiler monitoring: needs Python 3.12+ "
+                                    "with a free sys.monitoring tool id")  # fmt: skip
+        return False
+    return True
 
 
 # flags of a test whose calls the profiler did not all see: code run in a thread it started

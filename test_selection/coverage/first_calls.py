@@ -1,0 +1,99 @@
+"""Which functions a test executed, from ``sys.monitoring`` (Python 3.12+): each function's
+first start in a test is recorded, then that function is silenced until the next test.
+
+cProfile (the recorder's other way) pays for every call; a test of a parser calls the same
+few functions hundreds of thousands of times, which made recording cost 2x plain pytest on
+call-heavy code. Here a function costs one callback per test, whatever it calls. The
+distance from the test is read once, at that first start, by walking the frames up to the
+test's own file (the path of that first call, where cProfile kept the shortest of all).
+``sys.monitoring`` sees every thread, so the work a test hands to a thread (a web
+framework's test client) is recorded too, at the farthest distance when no frame of the test
+is above it.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+from test_selection.coverage.map import MAX_DEPTH, Function
+
+TOOL_NAME = "ci-relay coverage"
+# sys.monitoring's tool ids without a predefined user (0 debugger, 1 coverage, 2 profiler,
+# 5 optimizer): a test that starts cProfile (the profiler's id) or coverage.py still can
+TOOL_IDS = (4, 3)
+
+
+def free_tool() -> int | None:
+    """A free tool id on a Python with ``sys.monitoring`` (3.12+), else None."""
+    monitoring = getattr(sys, "monitoring", None)
+    if monitoring is None:
+        return None
+    return next((i for i in TOOL_IDS if monitoring.get_tool(i) is None), None)
+
+
+def available() -> bool:
+    return free_tool() is not None
+
+
+class FirstCalls:
+    """One session's monitor; :meth:`start` begins a test's record, :meth:`read` takes it."""
+
+    def __init__(self, namer: Callable[[str], str | None]) -> None:
+        monitoring: Any = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
+        self.monitoring = monitoring
+        tool = free_tool()
+        if tool is None:
+            raise ValueError("no free sys.monitoring tool id")
+        self.tool = tool
+        self.namer = namer
+        self.test_file: str | None = None
+        self.seen: dict[Function, int] = {}
+        monitoring.use_tool_id(self.tool, TOOL_NAME)
+        monitoring.register_callback(self.tool, monitoring.events.PY_START, self._started)
+
+    def start(self, test_file: str | None) -> None:
+        """Record a new test: every function may report its first start again."""
+        self.test_file = test_file
+        self.seen = {}
+        self.monitoring.restart_events()
+        self.monitoring.set_events(self.tool, self.monitoring.events.PY_START)
+
+    def resume(self) -> None:
+        """Go on recording the same test (its next variant): silenced functions stay so."""
+        self.monitoring.set_events(self.tool, self.monitoring.events.PY_START)
+
+    def pause(self) -> None:
+        self.monitoring.set_events(self.tool, 0)
+
+    def read(self) -> dict[Function, int]:
+        return self.seen
+
+    def close(self) -> None:
+        self.pause()
+        self.monitoring.register_callback(self.tool, self.monitoring.events.PY_START, None)
+        self.monitoring.free_tool_id(self.tool)
+
+    def _started(self, code: types.CodeType, offset: int) -> Any:
+        name = self.namer(code.co_filename)
+        if name is not None and code.co_name != "<module>":
+            function = (name, code.co_qualname)
+            if function not in self.seen:
+                self.seen[function] = self._distance(sys._getframe(1))
+        return self.monitoring.DISABLE
+
+    def _distance(self, frame: types.FrameType | None) -> int:
+        """Calls from the nearest frame of the test's own file (a function of that file is
+        at 1, as the profiler counts); none above within ``MAX_DEPTH``: the farthest."""
+        steps = 0
+        while frame is not None and steps < MAX_DEPTH:
+            if (
+                self.test_file is not None
+                and self.namer(frame.f_code.co_filename) == self.test_file
+            ):
+                return max(1, steps)
+            frame = frame.f_back
+            steps += 1
+        return MAX_DEPTH

@@ -1,0 +1,98 @@
+"""Recording with ``sys.monitoring`` (Python 3.12+, issue 55's recording cost): each
+function's first start in a test, at the distance of that first call, in every thread. Real
+recordings through the command line, with a Python 3.12+ environment made here (skipped,
+saying why, on a machine that has none)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from test_selection.coverage.map import CoverageMap
+from tests.conftest import CliResult
+from tests.gitrepo import GitRepo
+from tests.test_coverage_lines import THREAD_TESTS, THREADED
+
+THREAD = "tests/test_app.py::test_in_a_thread"
+# a test that profiles on its own: the recorder's tool id is not the profiler's
+OWN = (
+    "import cProfile\n\nfrom pkg.app import served\n\n\ndef test_profiles():\n"
+    "    p = cProfile.Profile()\n    p.enable()\n    served(1)\n    p.disable()\n"
+)
+DIRECT = "tests/test_app.py::test_direct"
+
+
+def _newer_python() -> str | None:
+    pyenv = os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
+    found = [shutil.which("python3.13"), shutil.which("python3.12"),
+             *sorted(glob.glob(f"{pyenv}/versions/3.1[2-9]*/bin/python3"))]  # fmt: skip
+    for python in filter(None, found):
+        probe = subprocess.run([python, "-c", "import sys; sys.monitoring"],
+                               capture_output=True, check=False)  # fmt: skip
+        if probe.returncode == 0:
+            return python
+    return None
+
+
+@pytest.fixture(scope="module")
+def python312(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A venv of Python 3.12+ with pytest (from the package registry)."""
+    python = _newer_python()
+    if python is None:
+        pytest.skip("no Python 3.12+ on this machine: sys.monitoring cannot be tried")
+    venv = tmp_path_factory.mktemp("py312") / "venv"
+    subprocess.run([python, "-m", "venv", str(venv)], check=True, capture_output=True)
+    made = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                           "pytest"], capture_output=True, text=True, check=False)  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"pytest could not be installed for {python}: {made.stderr[-300:]}")
+    return str(venv / "bin" / "python")
+
+
+def _record(cli: Callable[..., CliResult], tmp_path: Path, python: str, *extra: str) -> CliResult:
+    repo = GitRepo(tmp_path / "up")
+    if not (tmp_path / "up" / "pkg").is_dir():
+        repo.commit("base", {"pkg/__init__.py": "", "pkg/app.py": THREADED,
+                             "tests/test_app.py": THREAD_TESTS, "tests/test_own.py": OWN},
+                    dedent=False)  # fmt: skip
+    return cli("coverage", "record", "--upstream", repo.path, "-o", tmp_path / "map.json.gz",
+               "--python", python, "--no-lines", *extra)  # fmt: skip
+
+
+def test_monitoring_records_every_thread_at_the_first_call_s_distance(
+    tmp_path: Path, cli: Callable[..., CliResult], python312: str
+) -> None:
+    done = _record(cli, tmp_path, python312)
+    assert done.code == 0 and "3 passed" in done.output, done.output
+    tests = CoverageMap.load(tmp_path / "map.json.gz").tests
+    assert tests["tests/test_own.py::test_profiles"][("pkg/app.py", "served")] == 1
+    # the thread's work is seen without lines: the test file's lambda started it (1 call)
+    assert tests[THREAD][("pkg/app.py", "served")] == 1
+    assert tests[THREAD][("pkg/app.py", "handle")] == 2
+    monitored = tests[DIRECT]
+    # cProfile, asked for, sees the same functions, at the same distances
+    done = _record(cli, tmp_path, python312, "--", "--coverage-profiler", "cprofile")
+    assert done.code == 0, done.output
+    profiled = CoverageMap.load(tmp_path / "map.json.gz").tests
+    assert profiled[DIRECT] == monitored
+    assert ("pkg/app.py", "App.call.<locals>.inner") in monitored
+    assert ("pkg/app.py", "served") in profiled[THREAD]  # from 3.12 on cProfile sees threads
+
+
+def test_monitoring_asked_for_where_there_is_none_is_refused(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    if sys.version_info >= (3, 12):
+        pytest.skip("this Python has sys.monitoring")
+    refused = _record(cli, tmp_path, sys.executable, "--", "--coverage-profiler", "monitoring")
+    assert refused.code == 1 and "pytest exit 4" in refused.output, refused.output
+    assert "--coverage-profiler monitoring: needs Python 3.12+" in refused.output
+    assert "wrote no map" in refused.output
+    assert not (tmp_path / "map.json.gz").exists()
