@@ -44,8 +44,8 @@ def _command(python: str, mode: str, repo: Path, out: Path, args: list[str]) -> 
         return [
             python, *base, "-p", "test_selection.coverage_recorder",
             "--record-coverage", str(out), "--coverage-root", str(repo),
-            *(["--coverage-lines"] if mode == "recorder+lines" else []),
-            *(["--coverage-profiler", "cprofile"] if mode == "recorder-cprofile" else []),
+            *(["--coverage-lines"] if mode.endswith("+lines") else []),
+            *(["--coverage-profiler", "cprofile"] if "cprofile" in mode else []),
         ]  # fmt: skip
     rc = out.with_suffix(".coveragerc")
     rc.write_text(
@@ -72,6 +72,22 @@ def _parity(monitored: Path, profiled: Path) -> None:
     )
 
 
+def _line_parity(monitored: Path, traced: Path) -> None:
+    """The (test, file, line) triples sys.monitoring's lines and coverage.py's share."""
+    if not (monitored.is_file() and traced.is_file()):
+        return
+
+    def triples(path: Path) -> set[tuple[str, str, int]]:
+        lines = CoverageMap.load(path).lines
+        return {(t, f, n) for t, files in lines.items() for f, ns in files.items() for n in ns}
+
+    a, b = triples(monitored), triples(traced)
+    print(
+        f"line parity: {len(a & b)} (test, file, line) in both, {len(a - b)} only with "
+        f"sys.monitoring, {len(b - a)} only with coverage.py"
+    )
+
+
 def main() -> int:
     argv = sys.argv[1:]
     pytest_args = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -93,6 +109,8 @@ def main() -> int:
     )
     if has_coverage.returncode == 0:
         modes += ["recorder+lines", "coverage.py"]
+        if "recorder-cprofile" in modes:  # lines by sys.monitoring, and by coverage.py
+            modes.insert(-1, "recorder-cprofile+lines")
     else:
         print("coverage.py is not installed there: the line modes are left out")
     paths = [str(repo), *([str(repo / "src")] if (repo / "src").is_dir() else [])]
@@ -133,8 +151,10 @@ def main() -> int:
                 elif mode == "coverage.py" and out.with_suffix(".coverage").is_file():
                     sizes[mode] = out.with_suffix(".coverage").stat().st_size
         if "recorder-cprofile" in modes:
-            _parity(
-                Path(scratch) / "recorder-0.json.gz", Path(scratch) / "recorder-cprofile-0.json.gz"
+            first = Path(scratch)
+            _parity(first / "recorder-0.json.gz", first / "recorder-cprofile-0.json.gz")
+            _line_parity(
+                first / "recorder+lines-0.json.gz", first / "recorder-cprofile+lines-0.json.gz"
             )
     plain = statistics.median(seconds["plain"])
     print(f"\n{'mode':<15} {'median s':>9} {'ratio':>7} {'data':>10}")

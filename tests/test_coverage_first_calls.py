@@ -43,27 +43,29 @@ def _newer_python() -> str | None:
 
 @pytest.fixture(scope="module")
 def python312(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A venv of Python 3.12+ with pytest (from the package registry)."""
+    """A venv of Python 3.12+ with pytest and coverage.py (from the package registry)."""
     python = _newer_python()
     if python is None:
         pytest.skip("no Python 3.12+ on this machine: sys.monitoring cannot be tried")
     venv = tmp_path_factory.mktemp("py312") / "venv"
     subprocess.run([python, "-m", "venv", str(venv)], check=True, capture_output=True)
     made = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                           "pytest"], capture_output=True, text=True, check=False)  # fmt: skip
+                           "pytest", "coverage"], capture_output=True, text=True, check=False)  # fmt: skip
     if made.returncode != 0:
         pytest.skip(f"pytest could not be installed for {python}: {made.stderr[-300:]}")
     return str(venv / "bin" / "python")
 
 
-def _record(cli: Callable[..., CliResult], tmp_path: Path, python: str, *extra: str) -> CliResult:
+def _record(
+    cli: Callable[..., CliResult], tmp_path: Path, python: str, *extra: str, lines: bool = False
+) -> CliResult:
     repo = GitRepo(tmp_path / "up")
     if not (tmp_path / "up" / "pkg").is_dir():
         repo.commit("base", {"pkg/__init__.py": "", "pkg/app.py": THREADED,
                              "tests/test_app.py": THREAD_TESTS, "tests/test_own.py": OWN},
                     dedent=False)  # fmt: skip
     return cli("coverage", "record", "--upstream", repo.path, "-o", tmp_path / "map.json.gz",
-               "--python", python, "--no-lines", *extra)  # fmt: skip
+               "--python", python, "--lines" if lines else "--no-lines", *extra)  # fmt: skip
 
 
 def test_monitoring_records_every_thread_at_the_first_call_s_distance(
@@ -96,3 +98,20 @@ def test_monitoring_asked_for_where_there_is_none_is_refused(
     assert "--coverage-profiler monitoring: needs Python 3.12+" in refused.output
     assert "wrote no map" in refused.output
     assert not (tmp_path / "map.json.gz").exists()
+
+
+def test_monitoring_keeps_the_lines_coverage_py_would(
+    tmp_path: Path, cli: Callable[..., CliResult], python312: str
+) -> None:
+    """Each line's first run per test, then silence: the same lines coverage.py's tracer
+    records (it is asked for with cProfile), test files left out, without coverage.py."""
+    done = _record(cli, tmp_path, python312, lines=True)
+    assert done.code == 0, done.output
+    monitored = CoverageMap.load(tmp_path / "map.json.gz").lines
+    done = _record(cli, tmp_path, python312, "--", "--coverage-profiler", "cprofile", lines=True)
+    assert done.code == 0, done.output
+    traced = CoverageMap.load(tmp_path / "map.json.gz").lines
+    # (the test that starts its own cProfile cannot under cProfile: it fails before its call)
+    assert {t: monitored[t] for t in (DIRECT, THREAD)} == {t: traced[t] for t in (DIRECT, THREAD)}
+    assert set(monitored[DIRECT]) == {"pkg/app.py"}  # not tests/test_app.py
+    assert len(monitored[DIRECT]["pkg/app.py"]) == 3

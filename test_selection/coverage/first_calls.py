@@ -8,7 +8,8 @@ distance from the test is read once, at that first start, by walking the frames 
 test's own file (the path of that first call, where cProfile kept the shortest of all).
 ``sys.monitoring`` sees every thread, so the work a test hands to a thread (a web
 framework's test client) is recorded too, at the farthest distance when no frame of the test
-is above it.
+is above it. With ``lines``, each line's first run in a test is kept the same way (one
+callback per line per test, where a line tracer pays for every run of it).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def available() -> bool:
 class FirstCalls:
     """One session's monitor; :meth:`start` begins a test's record, :meth:`read` takes it."""
 
-    def __init__(self, namer: Callable[[str], str | None]) -> None:
+    def __init__(self, namer: Callable[[str], str | None], lines: bool = False) -> None:
         monitoring: Any = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
         self.monitoring = monitoring
         tool = free_tool()
@@ -51,19 +52,25 @@ class FirstCalls:
         self.namer = namer
         self.test_file: str | None = None
         self.seen: dict[Function, int] = {}
+        self.lines: dict[str, set[int]] | None = {} if lines else None
+        self.events = monitoring.events.PY_START | (monitoring.events.LINE if lines else 0)
         monitoring.use_tool_id(self.tool, TOOL_NAME)
         monitoring.register_callback(self.tool, monitoring.events.PY_START, self._started)
+        if lines:
+            monitoring.register_callback(self.tool, monitoring.events.LINE, self._line)
 
     def start(self, test_file: str | None) -> None:
         """Record a new test: every function may report its first start again."""
         self.test_file = test_file
         self.seen = {}
+        if self.lines is not None:
+            self.lines = {}
         self.monitoring.restart_events()
-        self.monitoring.set_events(self.tool, self.monitoring.events.PY_START)
+        self.monitoring.set_events(self.tool, self.events)
 
     def resume(self) -> None:
         """Go on recording the same test (its next variant): silenced functions stay so."""
-        self.monitoring.set_events(self.tool, self.monitoring.events.PY_START)
+        self.monitoring.set_events(self.tool, self.events)
 
     def pause(self) -> None:
         self.monitoring.set_events(self.tool, 0)
@@ -71,9 +78,15 @@ class FirstCalls:
     def read(self) -> dict[Function, int]:
         return self.seen
 
+    def read_lines(self) -> dict[str, set[int]] | None:
+        """The test's lines per file of the upstream (None: lines are not recorded)."""
+        return self.lines
+
     def close(self) -> None:
         self.pause()
         self.monitoring.register_callback(self.tool, self.monitoring.events.PY_START, None)
+        if self.lines is not None:
+            self.monitoring.register_callback(self.tool, self.monitoring.events.LINE, None)
         self.monitoring.free_tool_id(self.tool)
 
     def _started(self, code: types.CodeType, offset: int) -> Any:
@@ -82,6 +95,13 @@ class FirstCalls:
             function = (name, code.co_qualname)
             if function not in self.seen:
                 self.seen[function] = self._distance(sys._getframe(1))
+        return self.monitoring.DISABLE
+
+    def _line(self, code: types.CodeType, number: int) -> Any:
+        """A line's first run in the test (then silent until the next test)."""
+        name = self.namer(code.co_filename)
+        if name is not None and self.lines is not None:
+            self.lines.setdefault(name, set()).add(number)
         return self.monitoring.DISABLE
 
     def _distance(self, frame: types.FrameType | None) -> int:

@@ -266,9 +266,15 @@ class Recorder:
         )
         self.current_flags: set[str] | None = None
         self.pending: _Pending | None = None  # the upstream test being profiled
-        self.monitor = FirstCalls(self.namer) if _monitoring(opt.coverage_profiler) else None
+        whole_map_lines = opt.coverage_lines and self.stream is None
+        self.monitor = (
+            FirstCalls(self.namer, lines=whole_map_lines)
+            if _monitoring(opt.coverage_profiler)
+            else None
+        )
         self.lines: LineTracer | None = None
-        if opt.coverage_lines and self.stream is None:
+        self.test_files: set[str] = set()  # with the monitor's lines: left out at the end
+        if whole_map_lines and self.monitor is None:
             try:
                 self.lines = LineTracer(self._code_folders(packages), self.namer)
             except ImportError:
@@ -339,7 +345,10 @@ class Recorder:
     def _start(self, pending: _Pending, fresh: bool) -> None:
         if self.monitor is not None:
             if fresh:
-                self.monitor.start(self.namer(str(pending.item.path)))
+                test_file = self.namer(str(pending.item.path))
+                if test_file:
+                    self.test_files.add(test_file)
+                self.monitor.start(test_file)
             else:
                 self.monitor.resume()
             return
@@ -382,7 +391,8 @@ class Recorder:
             with contextlib.suppress(OSError):
                 self.stream.add(pending.test, functions, pending.flags)
         else:
-            self.map.add(pending.test, functions, pending.flags)
+            lines = self.monitor.read_lines() if self.monitor is not None else None
+            self.map.add(pending.test, functions, pending.flags, lines)
 
     def _functions(self, profiler: cProfile.Profile, item: pytest.Item) -> dict[Function, int]:
         """Named functions the test executed, each with its distance in calls from the test
@@ -438,6 +448,16 @@ class Recorder:
                 with contextlib.suppress(OSError):
                     self.stream.collection_error(self.collection_errors[-1])
 
+    def _drop_test_files(self) -> None:
+        """Lines of test files and conftest.py are not kept (as the line tracer leaves them
+        out): the selector asks about changed code, never about test files."""
+        for test, files in self.map.lines.items():
+            self.map.lines[test] = {
+                name: numbers
+                for name, numbers in files.items()
+                if name not in self.test_files and not name.endswith("conftest.py")
+            }
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if self.progress is not None:
             self.progress.total = len(session.items)
@@ -449,6 +469,7 @@ class Recorder:
         self._flush()
         if self.monitor is not None:
             self.monitor.close()
+            self._drop_test_files()
         threading.setprofile(None)
         self.map.seconds = time.monotonic() - self.started
         self.map.collected = session.testscollected
