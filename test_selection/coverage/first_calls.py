@@ -53,6 +53,7 @@ class FirstCalls:
         self.test_file: str | None = None
         self.seen: dict[Function, int] = {}
         self.lines: dict[str, set[int]] | None = {} if lines else None
+        self.on = False
         self.events = monitoring.events.PY_START | (monitoring.events.LINE if lines else 0)
         monitoring.use_tool_id(self.tool, TOOL_NAME)
         monitoring.register_callback(self.tool, monitoring.events.PY_START, self._started)
@@ -60,20 +61,18 @@ class FirstCalls:
             monitoring.register_callback(self.tool, monitoring.events.LINE, self._line)
 
     def start(self, test_file: str | None) -> None:
-        """Record a new test: every function may report its first start again."""
+        """Record a new test: every function and line may report its first run again. The
+        events stay on between tests (what runs there goes to the test before): switching
+        them on and off re-instruments every function the next time it runs, which cost
+        more than the callbacks it saved."""
         self.test_file = test_file
         self.seen = {}
         if self.lines is not None:
             self.lines = {}
         self.monitoring.restart_events()
-        self.monitoring.set_events(self.tool, self.events)
-
-    def resume(self) -> None:
-        """Go on recording the same test (its next variant): silenced functions stay so."""
-        self.monitoring.set_events(self.tool, self.events)
-
-    def pause(self) -> None:
-        self.monitoring.set_events(self.tool, 0)
+        if not self.on:
+            self.monitoring.set_events(self.tool, self.events)
+            self.on = True
 
     def read(self) -> dict[Function, int]:
         return self.seen
@@ -83,7 +82,7 @@ class FirstCalls:
         return self.lines
 
     def close(self) -> None:
-        self.pause()
+        self.monitoring.set_events(self.tool, 0)
         self.monitoring.register_callback(self.tool, self.monitoring.events.PY_START, None)
         if self.lines is not None:
             self.monitoring.register_callback(self.tool, self.monitoring.events.LINE, None)

@@ -349,8 +349,6 @@ class Recorder:
                 if test_file:
                     self.test_files.add(test_file)
                 self.monitor.start(test_file)
-            else:
-                self.monitor.resume()
             return
         assert pending.profiler is not None
         try:
@@ -360,8 +358,7 @@ class Recorder:
 
     def _stop(self, pending: _Pending) -> None:
         if self.monitor is not None:
-            self.monitor.pause()
-            return
+            return  # on until the next test starts (FirstCalls.start)
         assert pending.profiler is not None
         # before 3.12 a profiler is the thread's profile function; from 3.12 on cProfile is a
         # sys.monitoring tool, and getprofile() no longer shows it
