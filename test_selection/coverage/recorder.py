@@ -1,9 +1,11 @@
 """A pytest plugin that records, per test, the functions of the code under test it executed.
 
-Function level through ``cProfile`` (the standard library's C profiler, enabled around each
-test): it sees every Python function call at a fraction of a line tracer's cost (coverage.py's
-dynamic contexts trace lines; ``bench/bench_coverage_record.py`` measures both), and its
-caller/callee pairs give each function's distance from the test in calls.
+On Python 3.12+ through ``sys.monitoring`` (``first_calls.py``: each function's and line's
+first run per test, then silence; every thread). Before 3.12, or asked for with
+``--coverage-profiler cprofile``, through ``cProfile`` (the standard library's C profiler,
+enabled around each test): it sees every Python function call at a fraction of a line
+tracer's cost, and its caller/callee pairs give each function's distance from the test in
+calls (``bench/bench_coverage_record.py`` measures the ways against plain pytest).
 
 Files are named as the upstream repository names them: below the upstream root, relative to
 it; below an installed copy of one of the upstream's top-level packages (an installed
@@ -13,9 +15,10 @@ packages, pytest) is left out.
 A test that starts threads or processes, or replaces the profiler, is recorded as far as the
 profiler saw and flagged; the plugin never fails a test.
 
-``--coverage-lines`` also records the lines each test executed in the upstream's code files,
-through coverage.py (its C tracer, one dynamic context per test) when the recording Python has
-it installed; without it the map says why it holds no lines. Lines are kept for a whole map
+``--coverage-lines`` also records the lines each test executed in the upstream's code files:
+through ``sys.monitoring`` on 3.12+, else through coverage.py (its C tracer, one dynamic
+context per test) when the recording Python has it installed; without it the map says why it
+holds no lines. Lines are kept for a whole map
 (``--record-coverage``) only: a shard's stream stays at function level.
 
 Enable with ``-p test_selection.coverage_recorder --record-coverage FILE --coverage-root DIR``
