@@ -25,6 +25,7 @@ TOOL_NAME = "ci-relay coverage"
 # sys.monitoring's tool ids without a predefined user (0 debugger, 1 coverage, 2 profiler,
 # 5 optimizer): a test that starts cProfile (the profiler's id) or coverage.py still can
 TOOL_IDS = (4, 3)
+CALLS_SEEN = 8  # calls of a function per test whose distance is read (then it is silenced)
 
 
 def free_tool() -> int | None:
@@ -52,6 +53,7 @@ class FirstCalls:
         self.namer = namer
         self.test_file: str | None = None
         self.seen: dict[Function, int] = {}
+        self.calls: dict[Function, int] = {}
         self.lines: dict[str, set[int]] | None = {} if lines else None
         self.on = False
         self.events = monitoring.events.PY_START | (monitoring.events.LINE if lines else 0)
@@ -67,6 +69,7 @@ class FirstCalls:
         more than the callbacks it saved."""
         self.test_file = test_file
         self.seen = {}
+        self.calls = {}
         if self.lines is not None:
             self.lines = {}
         self.monitoring.restart_events()
@@ -90,11 +93,16 @@ class FirstCalls:
 
     def _started(self, code: types.CodeType, offset: int) -> Any:
         name = self.namer(code.co_filename)
-        if name is not None and code.co_name != "<module>":
-            function = (name, code.co_qualname)
-            if function not in self.seen:
-                self.seen[function] = self._distance(sys._getframe(1))
-        return self.monitoring.DISABLE
+        if name is None or code.co_name == "<module>":
+            return self.monitoring.DISABLE
+        function = (name, code.co_qualname)
+        distance = self._distance(sys._getframe(1))
+        known = self.seen.get(function)
+        if known is None or distance < known:
+            self.seen[function] = distance
+        calls = self.calls[function] = self.calls.get(function, 0) + 1
+        # a few calls more may come by a shorter way (the first is often through set-up)
+        return self.monitoring.DISABLE if distance <= 1 or calls >= CALLS_SEEN else None
 
     def _line(self, code: types.CodeType, number: int) -> Any:
         """A line's first run in the test (then silent until the next test)."""
