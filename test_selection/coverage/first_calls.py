@@ -1,11 +1,11 @@
 """Which functions a test executed, from ``sys.monitoring`` (Python 3.12+): each function's
-first start in a test is recorded, then that function is silenced until the next test.
+first calls in a test are seen, then that function is silenced until the next test.
 
 cProfile (the recorder's other way) pays for every call; a test of a parser calls the same
-few functions hundreds of thousands of times, which made recording cost 2x plain pytest on
-call-heavy code. Here a function costs one callback per test, whatever it calls. The
-distance from the test is read once, at that first start, by walking the frames up to the
-test's own file (the path of that first call, where cProfile kept the shortest of all).
+few functions hundreds of thousands of times, which made recording cost 3x plain pytest on
+call-heavy code. Here a function costs at most ``CALLS_SEEN`` callbacks per test, whatever it
+calls. The distance from the test is read at those calls by walking the frames up to the
+test's own file, and the shortest kept (cProfile keeps the shortest of all the calls it saw).
 ``sys.monitoring`` sees every thread, so the work a test hands to a thread (a web
 framework's test client) is recorded too, at the farthest distance when no frame of the test
 is above it. With ``lines``, each line's first run in a test is kept the same way (one
