@@ -100,7 +100,7 @@ def _drain(rt: RelayContext, steps: list[Next], stop_at: str | None = None) -> l
         step = steps.pop(0)
         if step.task == stop_at:
             held.append(step)
-        else:
+        elif step.task != "report":  # reports stay in the outbox
             steps += pipeline.run_step(rt, step)
     return held
 

@@ -217,4 +217,6 @@ def drain(rt: RelayContext, steps: list[Next]) -> None:
     """Run every queued pipeline step in this process, as a worker would (reports are left
     in the outbox)."""
     while steps:
-        steps += pipeline.run_step(rt, steps.pop(0))
+        step = steps.pop(0)
+        if step.task != "report":  # the outbox's messages stay there (the sender's work)
+            steps += pipeline.run_step(rt, step)

@@ -24,9 +24,10 @@ STALE = timedelta(hours=1)  # a claimed row older than this is taken over (in-pr
 
 
 def run_step(rt: RelayContext, step: Next, stale: timedelta = STALE) -> list[Next]:
-    """One step run in this process, as a worker runs it: the steps it queues. For the
-    in-process drains of tests and benches; the service's Celery tasks call the steps
-    themselves (each on its own queue)."""
+    """One pipeline step run in this process, as a worker runs it: the steps it queues. For
+    the in-process drains of tests and benches; the service's Celery tasks call the steps
+    themselves (each on its own queue). A ``report`` step is the outbox sender's, not the
+    pipeline's: it is refused here like any name that is not a step."""
     match step.task:
         case "process":
             return process_delivery(rt, step.arg)
