@@ -44,6 +44,9 @@ def _field(error: dict[str, Any]) -> str:
     return ".".join(str(part) for part in error["loc"]) or "body"
 
 
+router = APIRouter()
+
+
 @dataclass(frozen=True)
 class Ingest:
     """What the ingest routes share, kept on ``app.state.ingest`` by :func:`install`."""
@@ -61,9 +64,6 @@ def install(app: FastAPI, rt: RelayContext, audit_log: AuditLog) -> None:
     """Mount ``POST`` and ``GET /api/crcr/results`` on ``app``."""
     app.state.ingest = Ingest(rt, audit_log)
     app.include_router(router)
-
-
-router = APIRouter()
 
 
 def audit(request: Request, status: int, reason: str) -> None:

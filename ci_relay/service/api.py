@@ -126,6 +126,9 @@ READY = {
 }
 
 
+router = APIRouter()
+
+
 @dataclass(frozen=True)
 class Api:
     """What the read API's routes share, kept on ``app.state.api`` by :func:`install`."""
@@ -146,9 +149,6 @@ def install(
     """Mount the read API (listings, a run, health, readiness, metrics) on ``app``."""
     app.state.api = Api(rt, metrics, broker_ok)
     app.include_router(router)
-
-
-router = APIRouter()
 
 
 def _listing(api: Api, kind: str, limit: int) -> list[dict[str, Any]]:
