@@ -9,6 +9,14 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 
 def console(stderr: bool = False) -> Console:
@@ -19,3 +27,18 @@ def console(stderr: bool = False) -> Console:
 
 out = console()
 err = console(stderr=True)
+
+
+def counting_bar(*, transient: bool = False, auto_refresh: bool = True) -> Progress:
+    """The bar long commands draw on standard error (``run``'s tests, ``coverage record``'s):
+    a spinner, what is under way, the bar, done of total, the time spent."""
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=transient,
+        auto_refresh=auto_refresh,
+    )

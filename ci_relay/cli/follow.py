@@ -15,16 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from ci_relay.cli.consoles import err
+from ci_relay.cli.consoles import counting_bar, err
 
 POLL_SECONDS = 0.25  # how often the child's progress file is read
 TAIL_LINES = 30  # what a failed pytest run shows of its output
@@ -72,15 +65,7 @@ def follow_pytest(
     log = scratch / "pytest.log"
     progress_file = scratch / "progress"
     progress_file.touch()
-    bar = Progress(
-        SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    )
+    bar = counting_bar(transient=True)
     task = bar.add_task(f"{escape(label)}: collecting", total=None)
     start = time.monotonic()
     timed_out = False

@@ -9,14 +9,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
 from ci_relay.cli.common import (
@@ -35,6 +27,7 @@ from ci_relay.cli.common import (
     err,
     out,
 )
+from ci_relay.cli.consoles import counting_bar
 from ci_relay.execution.outcomes import BAD_OUTCOMES, OUTCOMES
 from ci_relay.execution.spec_run import (
     RunResult,
@@ -106,15 +99,8 @@ def run_specs(
     spec_files = _spec_files(specs)
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        auto_refresh=False,  # a refresh thread would compete with the tests for the GIL
-    )
+    # no refresh thread: it would compete with the tests for the GIL
+    progress = counting_bar(auto_refresh=False)
     task = progress.add_task(f"{profile.name}: collecting", total=None)
 
     def on_total(total: int) -> None:

@@ -76,14 +76,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--coverage-lines",
         action="store_true",
         default=False,
-        help="also record the lines each test executed (needs coverage.py)",
+        help="also record the lines each test executed (before Python 3.12 or with "
+        "cProfile: needs coverage.py)",
     )
     group.addoption(
         "--coverage-profiler",
         choices=("auto", "monitoring", "cprofile"),
         default="auto",
-        help="how calls are seen: sys.monitoring's first call per test (Python 3.12+, the "
-        "default where it is free), or cProfile around each test",
+        help="how calls are seen: sys.monitoring's first calls per test (Python 3.12+, the "
+        "default where a tool id is free), or cProfile around each test",
     )
     group.addoption(
         "--coverage-progress",
