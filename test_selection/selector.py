@@ -40,7 +40,8 @@ from test_selection.ranking.allocation import (
     FILE_WEIGHT,
 )
 from test_selection.ranking.cache import ChoiceCache
-from test_selection.ranking.choice import CANDIDATES, MIN_CASES, RankingChoice, anchor_index, choose
+from test_selection.ranking.candidate import RANKERS, on_trial
+from test_selection.ranking.choice import MIN_CASES, RankingChoice, anchor_index, choose
 from test_selection.ranking.history import HISTORY_COMMITS, History
 from test_selection.ranking.inputs import RankingInputs
 from test_selection.ranking.live import ranked_evidence, test_texts
@@ -82,13 +83,15 @@ class SelectorConfig:
     sweeps: bool | None = None
     # of the budget the tests that executed a changed function (past the floor) may take
     executed_share: float = EXECUTED_SHARE
+    # candidates (ranking/candidate.py keys) the backtest measures and reports, never chooses
+    trial: tuple[str, ...] = ()
 
 
 def _sweeps(config: SelectorConfig, choice: RankingChoice | None) -> bool:
     """Whether sweeps run whole: as configured, else as the backtest found."""
     if config.sweeps is not None:
         return config.sweeps
-    return choice is not None and choice.sweeps
+    return choice is not None and choice.candidate.sweeps
 
 
 def spec_universe(
@@ -121,7 +124,7 @@ def spec_universe(
 
 # what the backtest-chosen ranking replaces: files by history, tests by the change's words
 RANKED_SIGNALS = frozenset({"co-change", "path-keywords", "references-change"})
-RANKINGS = ("auto", *CANDIDATES, "hand")
+RANKINGS = ("auto", *RANKERS, "hand")
 
 
 def _review(
@@ -186,6 +189,7 @@ def _choose_ranking(
             config.label or "",
             *sorted(str(s) for s in specs or ()),
             config.ranking,
+            *(f"trial:{key}" for key in sorted(config.trial)),
             # with a map: measured with the map of the day the anchor was first replayed, and
             # kept while the anchor stands (a nightly map would otherwise replay every day)
             *(
@@ -204,7 +208,8 @@ def _choose_ranking(
     backtested_now = choice is None
     if choice is None:
         only = None if config.ranking == "auto" else config.ranking
-        choice = choose(repo, history, anchor, inputs, fraction, config.file_weight, only)
+        registry = on_trial(config.trial)
+        choice = choose(repo, history, anchor, inputs, fraction, config.file_weight, only, registry)
         cache.store(choice, config.file_weight)
     agent = config.agent
     if isinstance(agent, LocalAgent) and choice.cases >= MIN_CASES and agent.available():
@@ -289,6 +294,7 @@ def select(
     fraction = _fraction(config.budget, len(universe), durations)
     if config.mode not in MODES:
         raise ValueError(f"unknown mode {config.mode!r} ({', '.join(MODES)})")
+    on_trial(config.trial)  # an unknown candidate is refused before any work
     safe = config.mode == "safe"
     ranking = (
         _Ranking(heuristics=config.heuristics)  # safe mode orders nothing by rank
@@ -500,13 +506,13 @@ def _map_evidence(
     """The map's evidence on the tests it reaches, and how the plan used the map. Ranked by
     the hand weights, the map's evidence counts; under a backtest choice that uses the map,
     the ranking's values already carry it and this says why."""
-    if choice is None or choice.coverage:
+    if choice is None or choice.candidate.map_use:
         weight = 1.0 if choice is None else 0.0
         for test in coverage.reach:
             said = coverage.evidence(test, weight)
             if said is not None:
                 evidence.setdefault(test, []).append(said)
-    coverage.used = "hand" if choice is None else (choice.coverage or "unused")
+    coverage.used = "hand" if choice is None else (choice.candidate.map_use or "unused")
     return coverage.usage()
 
 

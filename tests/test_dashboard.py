@@ -553,6 +553,14 @@ def test_run_page_says_which_ranking_the_backtest_chose(relay: Relay, store: Sto
                 "file_recall": 0.84,
                 "edited_test_recall": 0.8,
             },
+            {  # found more, but on trial: shown, never chosen
+                "ranking": "blend",
+                "allocation": "model",
+                "description": "history and learned model, tests by the test model",
+                "file_recall": 0.9,
+                "edited_test_recall": 0.9,
+                "trial": True,
+            },
         ],
         "coverage": "reached-first",
     }
@@ -580,6 +588,7 @@ def test_run_page_says_which_ranking_the_backtest_chose(relay: Relay, store: Sto
         "history counting + path words 72.0% 61.0%",
         "learned model 84.0% 70.0% learned model, tests the coverage map reaches first 84.0% "
         "80.0% chosen",
+        "history and learned model, tests by the test model 90.0% 90.0% on trial: never chosen",
         "ranking +0.0042 test/test_a.py is #1 of 9 by learned model",
     ):
         assert expected in text, (expected, text[:3000])

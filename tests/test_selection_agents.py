@@ -287,6 +287,22 @@ def test_select_cli_json_explain_and_bad_sha(
         "best",
     )
     assert ranking.code == 2 and "unknown ranking 'best'" in ranking.output
+    for key, said in (
+        ("learned/fastest", "unknown candidate(s) learned/fastest"),
+        ("history/whole", "history/whole is the baseline every candidate is judged by"),
+    ):
+        trial = cli(
+            "select",
+            "--upstream",
+            sample_upstream.path,
+            "--base",
+            "HEAD~1",
+            "--head",
+            "HEAD",
+            "--trial",
+            key,
+        )
+        assert trial.code == 2 and said in trial.output, trial.output
 
 
 def test_select_eval_reports_recall_and_baselines(

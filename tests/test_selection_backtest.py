@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from test_selection.inventory import is_test_path
 from test_selection.ranking import agent_check, choice
 from test_selection.ranking.allocation import Calibration
 from test_selection.ranking.cache import ChoiceCache
+from test_selection.ranking.candidate import BASELINE, LEARNED, REGISTRY, Candidate, on_trial
 from test_selection.ranking.cases import build_cases
 from test_selection.ranking.choice import MIN_CASES
 from test_selection.ranking.history import History
@@ -123,6 +125,42 @@ def test_select_uses_the_ranking_that_wins_on_the_repositorys_own_history(
     assert any(e.source == "ranking" for e in top.evidence)
     # the JSON says the same
     assert plan.to_json()["ranking"]["chosen"] == winner
+
+
+def test_a_candidate_on_trial_is_measured_and_reported_but_never_chosen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the history where the learned model wins (above), with every learned candidate on trial
+    monkeypatch.setattr(choice, "REFIT_EVERY", 1)
+    repo, _module_changed = _generate(tmp_path, "imports")
+    trial = tuple(c.key for c in REGISTRY if c.learned)
+    config = SelectorConfig(budget=Budget.parse("2%"), cache_dir=tmp_path / "cache", trial=trial)
+    plan, _hidden = _select_hiding_tests(repo, config)
+    ranking = plan.ranking
+    assert ranking["chosen"] not in LEARNED, ranking
+    figures = ranking["candidates"]
+    on_trial = [c for c in figures if c["trial"]]
+    assert {c["ranking"] for c in on_trial} == LEARNED
+    assert all(c["ranking"] in LEARNED for c in on_trial)
+    assert not any(c["trial"] for c in figures if c["ranking"] not in LEARNED)
+    chosen = max(c["file_recall"] + c["edited_test_recall"] for c in figures if not c["trial"])
+    # a learned candidate found more, and it was still not taken
+    assert max(c["file_recall"] + c["edited_test_recall"] for c in on_trial) > chosen
+    assert "(on trial)" in ranking["reason"]
+    # without the trial the same history chooses the learned model (the cache keeps them apart)
+    plan, _hidden = _select_hiding_tests(repo, replace(config, trial=()))
+    assert plan.ranking["chosen"] == "learned"
+
+
+def test_candidates_are_one_registry_of_frozen_values() -> None:
+    keys = [c.key for c in REGISTRY]
+    assert len(keys) == len(set(keys)) == 3 * 5 + 2 * 3 * 5
+    assert REGISTRY[0] == BASELINE == Candidate("history", "whole")
+    with pytest.raises(ValueError, match="unknown budget rule 'fastest'"):
+        Candidate("history", "fastest")
+    with pytest.raises(ValueError, match="unknown candidate"):
+        on_trial(("history/spread/nowhere",))
+    assert [c.key for c in on_trial(("learned/model",)) if c.trial] == ["learned/model"]
 
 
 def test_a_named_ranking_is_used_and_too_little_history_keeps_the_hand_weights(

@@ -28,7 +28,14 @@ PATTERN_HELP = (
 
 RANKING_HELP = (
     "How test files are ranked: auto (the candidate that wins a backtest on the repository's "
-    "own recent commits) | history | learned | blend | hand (the hand weights)."
+    "own recent commits) | history | learned | blend | history+words | learned+words (the "
+    "backtest chooses among that ranker's candidates) | hand (the hand weights)."
+)
+
+TRIAL_HELP = (
+    "A candidate to put on trial (repeatable), named ranker/rule[/map use], e.g. "
+    "learned/model or history/spread/reached-first: the backtest measures it and the plan "
+    "reports its figures, but it is never chosen."
 )
 
 MODE_HELP = (
@@ -76,6 +83,7 @@ def _config(
     label: str | None = None,
     ranking: str = "auto",
     mode: str = "ranked",
+    trial: list[str] | None = None,
 ) -> SelectorConfig:
     from test_selection.plan import load_durations
     from test_selection.safe import MODES
@@ -90,6 +98,12 @@ def _config(
         raise typer.BadParameter(
             f"unknown mode {mode!r} (one of {', '.join(MODES)})", param_hint="--mode"
         )
+    from test_selection.ranking.candidate import on_trial
+
+    try:
+        on_trial(tuple(trial or ()))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--trial") from None
 
     try:
         parsed = Budget.parse(budget)
@@ -106,6 +120,7 @@ def _config(
         label=label,
         ranking=ranking,
         mode=mode,
+        trial=tuple(trial or ()),
     )
     if patterns:
         config.patterns = tuple(patterns)
@@ -192,6 +207,7 @@ def select_command(
         typer.Option(help="A per-test coverage map (ci-relay coverage record)."),
     ] = None,
     mode: Annotated[str, typer.Option(help=MODE_HELP)] = "ranked",
+    trial: Annotated[list[str] | None, typer.Option(help=TRIAL_HELP)] = None,
 ) -> None:
     """Select the upstream tests a change needs (four stages), with reasons."""
     from test_selection.git import GitError
@@ -210,6 +226,7 @@ def select_command(
         label,
         ranking,
         mode,
+        trial,
     )
     if coverage is not None:
         config.coverage = _coverage_index(coverage, upstream)

@@ -162,7 +162,10 @@ def _ranking(value: Any) -> RankingView | None:
             test_recall=_number(c.get("edited_test_recall")),
             chosen=str(c.get("ranking", "")) == chosen
             and c.get("allocation") == value.get("allocation")
-            and (c.get("coverage") or "") == (value.get("coverage") or ""),
+            and (c.get("coverage") or "") == (value.get("coverage") or "")
+            and bool(c.get("sweeps")) == bool(value.get("sweeps"))
+            and not c.get("trial"),
+            trial=bool(c.get("trial")),
         )
         for c in value.get("candidates", []) or []
         if isinstance(c, Mapping)

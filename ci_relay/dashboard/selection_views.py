@@ -100,6 +100,7 @@ class RankingCandidate:
     file_recall: float
     test_recall: float
     chosen: bool
+    trial: bool = False  # measured and shown, never chosen
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,10 @@ from test_selection.ranking.allocation import (
     FILE_WEIGHT,
     MODEL,
     REACHED_FILES,
-    REACHED_FIRST,
-    SPREAD,
     WHOLE,
     Calibration,
 )
+from test_selection.ranking.candidate import BASELINE, REGISTRY, Candidate
 from test_selection.ranking.cases import (
     Case,
     build_cases,
@@ -69,12 +68,12 @@ TOLERANCE = 0.02
 
 @dataclass
 class RankingChoice:
-    """The ranking a plan uses, why, and the numbers it spends the budget with."""
+    """The candidate a plan uses, why, and the numbers it spends the budget with."""
 
-    chosen: str
+    candidate: Candidate
     description: str
     calibration: Calibration
-    learned: Ranker | None = None  # fitted up to the anchor, when a candidate needs it
+    learned: Ranker | None = None  # fitted up to the anchor, when the candidate needs it
     figures: list[Figures] = field(default_factory=list)
     cases: int = 0
     anchor: str = ""
@@ -82,10 +81,7 @@ class RankingChoice:
     reason: str = ""
     seconds: float = 0.0
     agent: AgentVerdict | None = None  # set by the selector (measured apart, cached apart)
-    allocation: str = SPREAD
-    coverage: str = ""  # how the coverage map is used ("": not at all)
-    test_model: TestModel | None = None  # with allocation MODEL: fitted up to the anchor
-    sweeps: bool = False  # the backtest found more with sweeps run whole (sweeps.py)
+    test_model: TestModel | None = None  # with the MODEL rule: fitted up to the anchor
 
     def ranker(
         self,
@@ -96,39 +92,36 @@ class RankingChoice:
     ) -> FileRanker:
         """The chosen ranking, for a change with these words over tests with these tokens
         (and, where the choice moves them up, the files a coverage map reaches)."""
-        made = candidates(self.learned, imports, words, tokens)
-        chosen = made.get(self.chosen) or made["history"]
-        if self.coverage == REACHED_FILES and reach:
+        made = rankers(self.learned, imports, words, tokens)
+        chosen = made.get(self.candidate.ranker) or made["history"]
+        if self.candidate.map_use == REACHED_FILES and reach:
             return CoverageBoost(chosen, reach)
         return chosen
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "chosen": self.chosen,
-            "allocation": self.allocation,
-            "coverage": self.coverage,
+            "chosen": self.candidate.ranker,
+            "allocation": self.candidate.rule,
+            "coverage": self.candidate.map_use,
             "description": self.description,
             "reason": self.reason,
             "backtest_commits": self.cases,
             "anchor": self.anchor,
             "budget_fraction": round(self.fraction, 4),
-            "sweeps": self.sweeps,
+            "sweeps": self.candidate.sweeps,
             "candidates": [f.to_json() for f in self.figures],
             "agent": self.agent.note() if self.agent else None,
         }
 
 
-CANDIDATES = ("history", "learned", "blend", "history+words", "learned+words")
-
-
-def candidates(
+def rankers(
     fitted: Ranker | None,
     imports: dict[str, set[str]],
     words: frozenset[str],
     tokens: Mapping[str, Sequence[frozenset[str]]],
 ) -> dict[str, FileRanker]:
-    """Every candidate ranking (those needing the learned model only with a fit), by name,
-    in the order a tie goes to."""
+    """Every ranker (those needing the learned model only with a fit), by name, in the
+    order a tie goes to (``candidate.RANKERS``)."""
     counting = HistoryCounting()
     read = WordsRanking(words, tokens)
     learned = LearnedRanking(fitted, imports) if fitted is not None else None
@@ -148,7 +141,7 @@ Ranked = list[tuple[list[str], dict[str, int]]]
 
 @dataclass
 class _Replays:
-    """Every candidate's file order on every case, as ranked and with the files the map
+    """Every ranker's file order on every case, as ranked and with the files the map
     reaches moved up (``boosted``, only with a map)."""
 
     names: list[str]
@@ -158,73 +151,65 @@ class _Replays:
 
 
 @dataclass
+class _Setting:
+    """What a candidate's replay is given besides its ranker's file orders: the cases as
+    its use of the map sees them, their shared numbers, the tests the map puts first per
+    case, and the test model's replay (MODEL rule)."""
+
+    orders: dict[str, Ranked]
+    cases: Sequence[Case]
+    shared: Calibration
+    reached: Sequence[Mapping[str, int]] | None = None
+    replay: ModelReplay | None = None
+
+
+@dataclass
 class _Backtest:
     """One backtest under way: its cases and budget, and what it has measured so far."""
 
     cases: list[Case]
     sizes: Mapping[str, int]
-    shared: Calibration
     fraction: float
     file_weight: float
     figures: list[Figures] = field(default_factory=list)  # without the map
     with_map: list[Figures] = field(default_factory=list)
     calibrations: dict[str, Calibration] = field(default_factory=dict)  # by Figures.key
     models: dict[str, TestModel] = field(default_factory=dict)  # by coverage use
-    # by Figures.key: what its replay was given, to replay it again with sweeps
-    given: dict[str, tuple[Ranked, dict[str, Any]]] = field(default_factory=dict)
+    given: dict[str, _Setting] = field(default_factory=dict)  # by Figures.key
 
-    def measure(
-        self,
-        ranked_cases: Ranked,
-        name: str,
-        description: str,
-        allocation: str,
-        use: str = "",
-        *,
-        cases: Sequence[Case] | None = None,
-        shared: Calibration | None = None,
-        reached: Sequence[Mapping[str, int]] | None = None,
-        replay: ModelReplay | None = None,
-    ) -> None:
-        """Replay one candidate under one budget rule and keep its figures."""
-        given = {
-            "cases": self.cases if cases is None else cases,
-            "shared": self.shared if shared is None else shared,
-            "allocation": allocation,
-            "reached": reached,
-            "replay": replay,
-        }
-        file_recall, test_recall, calibration = self._evaluate(ranked_cases, given)
-        fig = Figures(name, description, file_recall, test_recall, allocation, use)
-        (self.with_map if use else self.figures).append(fig)
+    def measure(self, candidate: Candidate, description: str, setting: _Setting) -> None:
+        """Replay one candidate and keep its figures."""
+        file_recall, test_recall, calibration = self._evaluate(candidate, setting)
+        fig = Figures(candidate, description, file_recall, test_recall)
+        (self.with_map if candidate.map_use else self.figures).append(fig)
         self.calibrations[fig.key] = calibration
-        self.given[fig.key] = (ranked_cases, given)
+        self.given[fig.key] = setting
 
     def _evaluate(
         self,
-        ranked_cases: Ranked,
-        given: Mapping[str, Any],
+        candidate: Candidate,
+        setting: _Setting,
         sweeps: Sequence[Sequence[str]] | None = None,
     ) -> tuple[float, float, Calibration]:
         return evaluate(
-            ranked_cases,
-            given["cases"],
+            setting.orders[candidate.ranker],
+            setting.cases,
             self.sizes,
-            given["shared"],
+            setting.shared,
             self.fraction,
             self.file_weight,
-            given["allocation"],
-            given["reached"],
-            given["replay"],
+            candidate.rule,
+            setting.reached,
+            setting.replay,
             sweeps,
         )
 
     def with_sweeps(self, best: Figures, sweeps: Sequence[Sequence[str]]) -> Figures:
         """The winner replayed again with each case's sweeps run whole first."""
-        ranked_cases, given = self.given[best.key]
-        file_recall, test_recall, _calibration = self._evaluate(ranked_cases, given, sweeps)
-        fig = replace(best, file_recall=file_recall, test_recall=test_recall, sweeps=True)
-        (self.with_map if best.coverage else self.figures).append(fig)
+        swept = best.candidate.swept()
+        file_recall, test_recall, _calibration = self._evaluate(swept, self.given[best.key], sweeps)
+        fig = replace(best, candidate=swept, file_recall=file_recall, test_recall=test_recall)
+        (self.with_map if swept.map_use else self.figures).append(fig)
         self.calibrations[fig.key] = self.calibrations[best.key]
         return fig
 
@@ -237,15 +222,16 @@ def choose(
     fraction: float,
     file_weight: float = FILE_WEIGHT,
     only: str | None = None,
+    registry: Sequence[Candidate] = REGISTRY,
 ) -> RankingChoice:
-    """Replay the candidates on the commits up to ``anchor`` and return the winner (or the
-    one named by ``only``), with its measured calibration. ``inputs.tokens``: each test
-    file's tests' tokens now (the replayed commits' own test files are read as they were).
-    With a map, every candidate is replayed again with the tests the map says each
-    commit's change executed first in their files (and once more with their files moved
-    up); such a variant wins only if it finds no fewer edited files and tests than the
-    winner without the map, and more of both together. ``inputs.texts``: each test file's
-    tests now, for the test model (``test_model.py``): without them it is not replayed."""
+    """Replay the candidates of ``registry`` on the commits up to ``anchor`` and return
+    the winner (among those of the ranker named by ``only``, when given), with its measured
+    calibration. ``inputs.tokens``: each test file's tests' tokens now (the replayed
+    commits' own test files are read as they were). With a map, the candidates that use it
+    are replayed too; such a one wins only if it finds no fewer edited files and tests than
+    the winner without the map, and more of both together. ``inputs.texts``: each test
+    file's tests now, for the test model (``test_model.py``): without them the MODEL rule
+    is not replayed. A candidate on trial is replayed and reported, never chosen."""
     started = time.perf_counter()
     files = sorted(inputs.sizes)
     cases = build_cases(repo, history, anchor, set(files), inputs.is_test)
@@ -259,17 +245,16 @@ def choose(
     coverage = inputs.coverage
     reach = _past_reach(coverage, repo, history, cases)
     replays = _replay_rankings(history, cases, files, inputs, fitted, only, reach)
-    backtest = _Backtest(cases, inputs.sizes, shared_calibration(cases), fraction, file_weight)
-    for allocation in (WHOLE, SPREAD):
-        for name in replays.names:
-            backtest.measure(replays.plain[name], name, replays.descriptions[name], allocation)
-    read = _measure_model(backtest, replays, inputs.texts)
-    if coverage is not None:
-        _measure_with_map(backtest, replays, reach, inputs.texts, read)
+    backtest = _Backtest(cases, inputs.sizes, fraction, file_weight)
+    settings = _Settings(backtest, replays, reach, inputs.texts, coverage is not None)
+    for candidate in registry:
+        setting = settings.get(candidate) if candidate.ranker in replays.names else None
+        if setting is not None:
+            backtest.measure(candidate, replays.descriptions[candidate.ranker], setting)
     best = _pick(backtest.figures, backtest.with_map)
     best = _sweeps(backtest, best, [case_sweeps(c, inputs.tokens) for c in cases])
     live = None
-    if "learned" in best.name:
+    if best.candidate.learned:
         live, _why = fit(
             history, files, inputs.imports, inputs.is_test, until=anchor + 1, rows_cache=rows
         )
@@ -277,8 +262,9 @@ def choose(
             best = backtest.figures[0]
     reason = _reason(backtest, anchor_sha, coverage, reach)
     figures = backtest.figures + (backtest.with_map if coverage is not None else [])
+    chosen = best.candidate
     return RankingChoice(
-        best.name,
+        chosen,
         best.label,
         backtest.calibrations[best.key],
         live,
@@ -288,10 +274,7 @@ def choose(
         fraction,
         "; ".join([reason, *notes]),
         time.perf_counter() - started,
-        allocation=best.allocation,
-        coverage=best.coverage,
-        test_model=backtest.models.get(best.coverage) if best.allocation == MODEL else None,
-        sweeps=best.sweeps,
+        test_model=backtest.models.get(chosen.map_use) if chosen.rule == MODEL else None,
     )
 
 
@@ -301,7 +284,7 @@ def _too_little_history(
     """History counting with prior numbers: too few past commits to replay."""
     counting = HistoryCounting()
     return RankingChoice(
-        counting.name,
+        BASELINE,
         counting.description,
         Calibration.prior(),
         cases=cases,
@@ -365,13 +348,13 @@ def _replay_rankings(
 ) -> _Replays:
     """Each candidate's file order on each case, with the case's own words over the tests
     as they were before it."""
-    names = list(candidates(fitted, inputs.imports, frozenset(), {}))
+    names = list(rankers(fitted, inputs.imports, frozenset(), {}))
     if only is not None:
         names = [n for n in names if n == only] or ["history"]
     replays = _Replays(names, {}, {n: [] for n in names}, {n: [] for n in names})
     for case in cases:
         before = {**inputs.tokens, **case.before}
-        made = candidates(fitted, inputs.imports, case.words, before)
+        made = rankers(fitted, inputs.imports, case.words, before)
         best_reach = {
             f: max(r.specificity for r in tests.values())
             for f, tests in reach.get(case.sha, {}).items()
@@ -388,77 +371,88 @@ def _replay_rankings(
     return replays
 
 
-def _measure_model(
-    backtest: _Backtest, replays: _Replays, texts: Mapping[str, Sequence[TestText]] | None
-) -> list[set[str]]:
-    """The test model replayed out of fold under every candidate's file order; returns,
-    per case, the files its replay read (the map's replay reads the same)."""
-    if texts is None:
-        return []
-    cases, sizes = backtest.cases, backtest.sizes
-    total = sum(sizes.values())
-    read = [
-        files_to_read(
-            [
-                orders[name][k][0]
-                for name in replays.names
-                for orders in (replays.plain, replays.boosted)
-                if orders[name]
-            ],
-            sizes,
-            backtest.fraction * total,
+class _Settings:
+    """Each candidate's setting (``_Setting``), made the first time a candidate needs it:
+    the test model's replays and the map's reach per case cost the most, and are shared by
+    every ranker. None where the inputs do not allow the candidate (no map, no test texts,
+    a test model that could not be fitted)."""
+
+    def __init__(
+        self,
+        backtest: _Backtest,
+        replays: _Replays,
+        reach: PastReach,
+        texts: Mapping[str, Sequence[TestText]] | None,
+        has_map: bool,
+    ) -> None:
+        self.backtest = backtest
+        self.replays = replays
+        self.reach = reach
+        self.texts = texts
+        self.has_map = has_map
+        self._made: dict[tuple[bool, str], _Setting | None] = {}
+        self._read: list[set[str]] | None = None
+        self._shared: Calibration | None = None
+
+    def get(self, candidate: Candidate) -> _Setting | None:
+        key = (candidate.rule == MODEL, candidate.map_use)
+        if key not in self._made:
+            self._made[key] = self._make(*key)
+        return self._made[key]
+
+    def _make(self, model: bool, use: str) -> _Setting | None:
+        if use and not self.has_map:
+            return None
+        backtest, replays = self.backtest, self.replays
+        orders = replays.boosted if use == REACHED_FILES else replays.plain
+        cases = backtest.cases
+        if model:
+            replay = self._model_replay(use)
+            if replay is None:
+                return None
+            return _Setting(orders, cases, self._plain_shared(), replay=replay)
+        if not use:
+            return _Setting(orders, cases, self._plain_shared())
+        pairs = [with_reach(case, self.reach.get(case.sha, {})) for case in cases]
+        reached_cases = [case for case, _counts in pairs]
+        counts = [counts for _case, counts in pairs]
+        return _Setting(
+            orders, reached_cases, shared_calibration(reached_cases, counts), reached=counts
         )
-        for k in range(len(cases))
-    ]
-    plain = replay_model([replay_case(c, None) for c in cases], texts, read, False)
-    if plain is not None and plain.model is not None:
-        backtest.models[""] = plain.model
-        for name in replays.names:
-            backtest.measure(
-                replays.plain[name], name, replays.descriptions[name], MODEL, replay=plain
-            )
-    return read
 
+    def _plain_shared(self) -> Calibration:
+        if self._shared is None:
+            self._shared = shared_calibration(self.backtest.cases)
+        return self._shared
 
-def _measure_with_map(
-    backtest: _Backtest,
-    replays: _Replays,
-    reach: PastReach,
-    texts: Mapping[str, Sequence[TestText]] | None,
-    read: list[set[str]],
-) -> None:
-    """Every candidate again with the map: the tests it says executed the change first,
-    then also their files moved up; and the test model reading the map."""
-    pairs = [with_reach(case, reach.get(case.sha, {})) for case in backtest.cases]
-    reached_cases = [case for case, _counts in pairs]
-    counts = [counts for _case, counts in pairs]
-    reached_shared = shared_calibration(reached_cases, counts)
-    uses = ((REACHED_FIRST, replays.plain), (REACHED_FILES, replays.boosted))
-    for use, orders in uses:
-        for allocation in (WHOLE, SPREAD):
-            for name in replays.names:
-                backtest.measure(
-                    orders[name],
-                    name,
-                    replays.descriptions[name],
-                    allocation,
-                    use,
-                    cases=reached_cases,
-                    shared=reached_shared,
-                    reached=counts,
+    def _model_replay(self, use: str) -> ModelReplay | None:
+        """The test model replayed out of fold under every ranker's file order (reading
+        the map, with one); both replays read the same files per case."""
+        if self.texts is None:
+            return None
+        backtest, replays = self.backtest, self.replays
+        if self._read is None:
+            total = sum(backtest.sizes.values())
+            self._read = [
+                files_to_read(
+                    [
+                        orders[name][k][0]
+                        for name in replays.names
+                        for orders in (replays.plain, replays.boosted)
+                        if orders[name]
+                    ],
+                    backtest.sizes,
+                    backtest.fraction * total,
                 )
-    if texts is None:
-        return
-    cases = [replay_case(c, reach.get(c.sha, {})) for c in backtest.cases]
-    mapped = replay_model(cases, texts, read, True)
-    if mapped is None or mapped.model is None:
-        return
-    backtest.models[REACHED_FIRST] = backtest.models[REACHED_FILES] = mapped.model
-    for use, orders in uses:
-        for name in replays.names:
-            backtest.measure(
-                orders[name], name, replays.descriptions[name], MODEL, use, replay=mapped
-            )
+                for k in range(len(backtest.cases))
+            ]
+        reach = self.reach if use else {}
+        cases = [replay_case(c, reach.get(c.sha, {}) if use else None) for c in backtest.cases]
+        replay = replay_model(cases, self.texts, self._read, bool(use))
+        if replay is None or replay.model is None:
+            return None
+        backtest.models[use] = replay.model
+        return replay
 
 
 def _pick(figures: Sequence[Figures], with_map: Sequence[Figures]) -> Figures:
@@ -469,7 +463,8 @@ def _pick(figures: Sequence[Figures], with_map: Sequence[Figures]) -> Figures:
     best = reference
     for fig in figures[1:]:
         if (
-            fig.file_recall >= reference.file_recall - TOLERANCE
+            not fig.candidate.trial
+            and fig.file_recall >= reference.file_recall - TOLERANCE
             and fig.test_recall >= reference.test_recall - TOLERANCE
             and fig.objective > best.objective + TIE
         ):
@@ -477,7 +472,8 @@ def _pick(figures: Sequence[Figures], with_map: Sequence[Figures]) -> Figures:
     without_map = best
     for fig in with_map:
         if (
-            fig.file_recall >= without_map.file_recall
+            not fig.candidate.trial
+            and fig.file_recall >= without_map.file_recall
             and fig.test_recall >= without_map.test_recall
             and fig.objective > best.objective + TIE
         ):
@@ -489,7 +485,7 @@ def _sweeps(backtest: _Backtest, best: Figures, sweeps: list[tuple[str, ...]]) -
     """The winner with sweeps run whole (``sweeps.py``) when that finds more of both
     together on the same commits, losing no more than ``TOLERANCE`` of edited test files;
     else the winner as it is. Whole files already run whole: nothing to replay."""
-    if best.allocation == WHOLE or not any(sweeps):
+    if best.candidate.rule == WHOLE or not any(sweeps):
         return best
     swept = backtest.with_sweeps(best, sweeps)
     if swept.file_recall >= best.file_recall - TOLERANCE and swept.objective > best.objective + TIE:
@@ -506,8 +502,8 @@ def _reason(
         f"chosen by backtest on {len(cases)} past commit(s) up to {anchor_sha[:12]} at "
         f"{backtest.fraction:.0%} of the tests: "
         + "; ".join(
-            f"{f.label} found {f.file_recall:.0%} of edited test files, "
-            f"{f.test_recall:.0%} of edited tests"
+            f"{f.label}{' (on trial)' if f.candidate.trial else ''} found "
+            f"{f.file_recall:.0%} of edited test files, {f.test_recall:.0%} of edited tests"
             for f in backtest.figures
         )
     )

@@ -77,8 +77,8 @@ def ranked_evidence(
         f.old_path for f in change.source_files if f.old_path
     }
     words = change_words(change)
-    reach = inputs.reach if choice.coverage else None
-    model = choice.test_model if choice.allocation == MODEL else None
+    reach = inputs.reach if choice.candidate.map_use else None
+    model = choice.test_model if choice.candidate.rule == MODEL else None
     terms = live_terms(change, words) if model is not None else None
     best_reach: dict[str, float] = {}
     for test, found in (reach or {}).items():
@@ -120,7 +120,7 @@ def ranked_evidence(
                 + (f" ({'; '.join(top)})" if (top := model.strongest(rows[i])) else "")
                 for i in within
             ]
-        elif choice.allocation == WHOLE:
+        elif choice.candidate.rule == WHOLE:
             values = whole_file_values(p, rank, n)
         else:
             values = file_values(
