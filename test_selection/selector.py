@@ -40,7 +40,7 @@ from test_selection.ranking.allocation import (
     FILE_WEIGHT,
 )
 from test_selection.ranking.cache import ChoiceCache
-from test_selection.ranking.candidate import RANKERS, on_trial
+from test_selection.ranking.candidate import KEYS, RANKERS, on_trial
 from test_selection.ranking.choice import MIN_CASES, RankingChoice, anchor_index, choose
 from test_selection.ranking.history import HISTORY_COMMITS, History
 from test_selection.ranking.inputs import RankingInputs
@@ -209,6 +209,9 @@ def _choose_ranking(
     if choice is None:
         only = None if config.ranking == "auto" else config.ranking
         registry = on_trial(config.trial)
+        if only in KEYS:  # one candidate by name: measured alone, and used
+            registry = tuple(c for c in registry if c.key == only)
+            only = registry[0].ranker
         choice = choose(repo, history, anchor, inputs, fraction, config.file_weight, only, registry)
         cache.store(choice, config.file_weight)
     agent = config.agent
@@ -442,8 +445,11 @@ def _rank(
     """The ranking stage: the backtest's choice for this repository, and every universe
     test's value under it; the hand weights where it is not asked or has too little."""
     ranking_name = "hand" if not config.learn else config.ranking
-    if ranking_name not in RANKINGS:
-        raise ValueError(f"unknown ranking {ranking_name!r} ({', '.join(RANKINGS)})")
+    if ranking_name not in RANKINGS and ranking_name not in KEYS:
+        raise ValueError(
+            f"unknown ranking {ranking_name!r} ({', '.join(RANKINGS)}, or a candidate "
+            "ranker/rule[/map use])"
+        )
     if ranking_name == "hand" or config.heuristics is not None:
         return _Ranking(heuristics=config.heuristics)
     history = History.read(repo, change.base, config.history_commits)

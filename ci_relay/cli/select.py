@@ -29,7 +29,8 @@ PATTERN_HELP = (
 RANKING_HELP = (
     "How test files are ranked: auto (the candidate that wins a backtest on the repository's "
     "own recent commits) | history | learned | blend | history+words | learned+words (the "
-    "backtest chooses among that ranker's candidates) | hand (the hand weights)."
+    "backtest chooses among that ranker's candidates) | one candidate as ranker/rule[/map "
+    "use], e.g. learned/model or history/spread/reached-first | hand (the hand weights)."
 )
 
 TRIAL_HELP = (
@@ -86,13 +87,16 @@ def _config(
     trial: list[str] | None = None,
 ) -> SelectorConfig:
     from test_selection.plan import load_durations
+    from test_selection.ranking.candidate import KEYS
     from test_selection.safe import MODES
     from test_selection.selector import RANKINGS, SelectorConfig
     from test_selection.types import Budget
 
-    if ranking not in RANKINGS:
+    if ranking not in RANKINGS and ranking not in KEYS:
         raise typer.BadParameter(
-            f"unknown ranking {ranking!r} (one of {', '.join(RANKINGS)})", param_hint="--ranking"
+            f"unknown ranking {ranking!r} (one of {', '.join(RANKINGS)}, or one candidate "
+            "as ranker/rule[/map use], e.g. history/spread/reached-first)",
+            param_hint="--ranking",
         )
     if mode not in MODES:
         raise typer.BadParameter(

@@ -52,7 +52,13 @@ from test_selection.ranking.rankers import (
     WordsRanking,
     boost,
 )
-from test_selection.ranking.replay import buckets, evaluate, ranked, shared_calibration
+from test_selection.ranking.replay import (
+    buckets,
+    evaluate,
+    plan_case,
+    ranked,
+    shared_calibration,
+)
 from test_selection.ranking.test_model import TestModel, TestText
 
 MIN_CASES = 12  # fewer: too little history to choose, the prior ranking is used
@@ -259,7 +265,7 @@ def choose(
             history, files, inputs.imports, inputs.is_test, until=anchor + 1, rows_cache=rows
         )
         if live is None:  # cannot happen when the earlier fit worked; stay safe
-            best = backtest.figures[0]
+            best = (backtest.figures or backtest.with_map)[0]
     reason = _reason(backtest, anchor_sha, coverage, reach)
     figures = backtest.figures + (backtest.with_map if coverage is not None else [])
     chosen = best.candidate
@@ -275,6 +281,50 @@ def choose(
         "; ".join([reason, *notes]),
         time.perf_counter() - started,
         test_model=backtest.models.get(chosen.map_use) if chosen.rule == MODEL else None,
+    )
+
+
+def replay_commit(
+    repo: Repo,
+    history: History,
+    anchor: int,
+    inputs: RankingInputs,
+    candidate: Candidate,
+    sha: str,
+    plan: RankingChoice,
+    file_weight: float = FILE_WEIGHT,
+) -> dict[str, int]:
+    """How many tests of each file the backtest's replay of the past commit ``sha`` takes
+    under ``candidate``, spending the budget with the numbers of the live ``plan`` (its
+    calibration, its fitted models) instead of those measured on the other commits: what
+    selecting that commit live must take, file by file (``tests/test_replay_live.py``)."""
+    files = sorted(inputs.sizes)
+    built = build_cases(repo, history, anchor, set(files), inputs.is_test)
+    cases = [c for c in built if c.sha == sha]
+    if not cases:
+        raise ValueError(f"{sha} is not among the commits replayed at this anchor")
+    reach = _past_reach(inputs.coverage, repo, history, cases)
+    replays = _replay_rankings(history, cases, files, inputs, plan.learned, candidate.ranker, reach)
+    backtest = _Backtest(cases, inputs.sizes, plan.fraction, file_weight)
+    has_map = inputs.coverage is not None
+    settings = _Settings(backtest, replays, reach, inputs.texts, has_map, plan.test_model)
+    setting = settings.get(candidate)
+    if setting is None or candidate.ranker not in replays.names:
+        raise ValueError(f"{candidate.key} cannot be replayed with these inputs")
+    order, file_buckets = setting.orders[candidate.ranker][0]
+    model = setting.replay if candidate.rule == MODEL else None
+    return plan_case(
+        setting.cases[0],
+        order,
+        file_buckets,
+        inputs.sizes,
+        plan.calibration,
+        plan.fraction,
+        file_weight,
+        candidate.rule,
+        setting.reached[0] if setting.reached is not None else None,
+        model.chances[0] if model is not None else None,
+        model.base if model is not None else 0.0,
     )
 
 
@@ -384,8 +434,10 @@ class _Settings:
         reach: PastReach,
         texts: Mapping[str, Sequence[TestText]] | None,
         has_map: bool,
+        model: TestModel | None = None,
     ) -> None:
         self.backtest = backtest
+        self.model = model  # a live plan's test model, replayed as it is (``replay_commit``)
         self.replays = replays
         self.reach = reach
         self.texts = texts
@@ -431,6 +483,8 @@ class _Settings:
         if self.texts is None:
             return None
         backtest, replays = self.backtest, self.replays
+        if self._read is None and self.model is not None:  # as a live plan reads: all
+            self._read = [set(backtest.sizes) for _case in backtest.cases]
         if self._read is None:
             total = sum(backtest.sizes.values())
             self._read = [
@@ -448,7 +502,7 @@ class _Settings:
             ]
         reach = self.reach if use else {}
         cases = [replay_case(c, reach.get(c.sha, {}) if use else None) for c in backtest.cases]
-        replay = replay_model(cases, self.texts, self._read, bool(use))
+        replay = replay_model(cases, self.texts, self._read, bool(use), self.model)
         if replay is None or replay.model is None:
             return None
         backtest.models[use] = replay.model
@@ -459,6 +513,8 @@ def _pick(figures: Sequence[Figures], with_map: Sequence[Figures]) -> Figures:
     """The winner. The plain baseline (history counting, whole files) comes first: ties go
     to it, and nothing that falls short of it on either figure is taken; a variant with the
     map must also find no fewer of either than the winner without it."""
+    if not figures:  # one candidate asked for by name, and it uses the map
+        return with_map[0]
     reference = figures[0]
     best = reference
     for fig in figures[1:]:

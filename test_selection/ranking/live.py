@@ -13,19 +13,15 @@ from collections.abc import Mapping, Sequence
 from test_selection.change_analysis import ChangeAnalysis
 from test_selection.coverage.select import reached_first
 from test_selection.inventory import TestFunction
+from test_selection.ranking import rules
 from test_selection.ranking.agent_check import Similarity, blend_orders
-from test_selection.ranking.allocation import (
-    MODEL,
-    WHOLE,
-    file_values,
-    idf_order,
-    whole_file_values,
-)
+from test_selection.ranking.allocation import MODEL, SPREAD, idf_order
 from test_selection.ranking.choice import RankingChoice
 from test_selection.ranking.history import History
 from test_selection.ranking.inputs import RankingInputs
 from test_selection.ranking.model_replay import chance_order, reached_tests
 from test_selection.ranking.replay import buckets, ranked
+from test_selection.ranking.rules import FileSlot
 from test_selection.ranking.test_model import ChangeTerms, TestText, change_terms, file_features
 from test_selection.test_bodies import diff_words
 from test_selection.types import Evidence, TestId
@@ -102,6 +98,7 @@ def ranked_evidence(
         first = sum(1 for r in reaches if r is not None)
         within, word_scores = idf_order([(fn.tokens, fn.lines) for fn in tests], words)
         said: list[str] = []
+        chances = None
         if model is not None and terms is not None:
             texts = test_texts(tests)
             live = reach or {}
@@ -111,21 +108,19 @@ def ranked_evidence(
                 else None
             )
             rows = file_features(texts, terms, word_scores, within, reached_tests(texts, by_name))
-            chances = model.probabilities(rows)
-            within = chance_order(chances, within)
-            values = p * chances[within]
-            values[0] += p * file_weight
+            found = model.probabilities(rows)
+            within = chance_order(found, within)
+            chances = found[within]
             said = [
-                f", {chances[i]:.0%} likely edited if its file is"
+                f", {found[i]:.0%} likely edited if its file is"
                 + (f" ({'; '.join(top)})" if (top := model.strongest(rows[i])) else "")
                 for i in within
             ]
-        elif choice.candidate.rule == WHOLE:
-            values = whole_file_values(p, rank, n)
-        else:
-            values = file_values(
-                p, calibration.expected_edited(n), n, calibration, file_weight, first
-            )
+        rule = choice.candidate.rule
+        if rule == MODEL and chances is None:  # no model fitted: the spread rule, as replayed
+            rule = SPREAD
+        slot = FileSlot(path, rank, p, n, first, chances)
+        values = rules.values(rule, slot, calibration, file_weight)
         if model is None and similarity is not None and rank < AGENT_FILES and 1 < n <= agent_texts:
             within = blend_orders(within, similarity(hunks, [fn.source for fn in tests]))
             agent_texts -= n

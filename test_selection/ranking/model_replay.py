@@ -5,7 +5,7 @@ Every replayed commit is planned with a model that never saw it: the commits are
 on the others. What the replay keeps per commit is, for each file the rankings put where
 the budget can reach, its tests' chances best first, and where the commit's edited tests
 sit in that order; the allocation then spends the budget on those chances exactly as the
-plan will (``allocation.take_best``), so the backtest compares the model with the words
+plan will (``rules.take_best``), so the backtest compares the model with the words
 order on equal terms.
 """
 
@@ -90,10 +90,12 @@ def replay_model(
     current: Mapping[str, Sequence[TestText]],
     read: Sequence[set[str]],
     coverage: bool,
+    model: TestModel | None = None,
 ) -> ModelReplay | None:
     """Fit and replay the model (see the module docstring). ``read``: per case, the files
     whose tests get chances (the rest get the base chance). None when the cases hold too
-    few edited tests to fit on."""
+    few edited tests to fit on. With ``model``: every case scored by that one, unfitted (a
+    live plan's model, replayed on a past commit)."""
     import numpy as np
 
     rows: list[dict[str, list[list[float]]]] = []
@@ -123,24 +125,24 @@ def replay_model(
         labels.append(flat_labels)
     every_row = [r for case in truth_rows for r in case]
     every_label = [y for case in labels for y in case]
-    final = fit_model(every_row, every_label, coverage)
+    final = model or fit_model(every_row, every_label, coverage)
     if final is None:
         return None
     replay = ModelReplay(base=sum(every_label) / max(1, len(every_label)), model=final)
     n = len(cases)
     folds = [range(k * n // FOLDS, (k + 1) * n // FOLDS) for k in range(FOLDS)]
-    for fold in folds:
+    for fold in folds if model is None else [range(n)]:
         if not fold:
             continue
         inside = set(fold)
         train_rows = [r for k in range(n) if k not in inside for r in truth_rows[k]]
         train_labels = [y for k in range(n) if k not in inside for y in labels[k]]
-        model = fit_model(train_rows, train_labels, coverage) or final
+        scorer = model or fit_model(train_rows, train_labels, coverage) or final
         for k in fold:
             chances: dict[str, Any] = {}
             edited: dict[str, tuple[int, ...]] = {}
             for path, file_rows_ in rows[k].items():
-                p = model.probabilities(file_rows_)
+                p = scorer.probabilities(file_rows_)
                 order = chance_order(p, orders[k][path])
                 chances[path] = np.asarray(p)[order]
                 if path in cases[k].texts:

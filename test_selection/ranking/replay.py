@@ -12,22 +12,19 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from test_selection.ranking import rules
 from test_selection.ranking.allocation import (
-    FILE_WEIGHT,
     MODEL,
     NO_EVIDENCE,
     SPREAD,
-    WHOLE,
     Calibration,
-    file_values,
     rank_bucket,
     size_bucket,
 )
 from test_selection.ranking.cases import Case
 from test_selection.ranking.model_replay import ModelReplay
-from test_selection.ranking.rankers import (
-    FileScores,
-)
+from test_selection.ranking.rankers import FileScores
+from test_selection.ranking.rules import FileSlot
 
 
 def shared_calibration(
@@ -73,111 +70,35 @@ def buckets(scores: FileScores, order: Sequence[str]) -> dict[str, int]:
     }
 
 
-def allocate_counts(
+def case_slots(
+    order: Sequence[str],
     file_buckets: Mapping[str, int],
     sizes: Mapping[str, int],
     calibration: Calibration,
-    budget: float,
-    file_weight: float = FILE_WEIGHT,
+    rule: str,
     reached: Mapping[str, int] | None = None,
-) -> dict[str, int]:
-    """How many of each file's tests (in its own order) the budget takes: the plan's rule
-    (``allocation.py``), answered in counts for the backtest."""
+    chances: Mapping[str, Any] | None = None,
+    base: float = 0.0,
+) -> list[FileSlot]:
+    """Each file of a replayed commit as the rule sees it (``rules.FileSlot``), in rank
+    order. Under the test model a file the replay did not read has the base chance for
+    every test."""
+    import numpy as np
 
     reached = reached or {}
-    per_file: list[tuple[str, Any]] = []
-    for f, bucket in file_buckets.items():
-        n = sizes.get(f, 0)
-        if n <= 0:
+    slots = []
+    for rank, f in enumerate(order):
+        if f not in file_buckets:
             continue
-        p = calibration.p_file(bucket)
-        per_file.append(
-            (
-                f,
-                file_values(
-                    p, calibration.expected_edited(n), n, calibration, file_weight,
-                    reached.get(f, 0),
-                ),
-            )
-        )  # fmt: skip
-    return take_best(per_file, budget)
-
-
-def take_best(per_file: Sequence[tuple[str, Any]], budget: float) -> dict[str, int]:
-    """How many of each file's tests the best ``budget`` values take, for values that fall
-    along each file (so a file's share is a prefix of its order); ties go by path, as in
-    the plan."""
-    import numpy as np
-
-    if not per_file:
-        return {}
-    values = np.concatenate([v for _, v in per_file])
-    take = round(budget)
-    if take <= 0:
-        return {}
-    if take >= len(values):
-        return {f: len(v) for f, v in per_file}
-    threshold = np.partition(values, len(values) - take)[len(values) - take]
-    counts: dict[str, int] = {}
-    tied: list[tuple[str, int]] = []
-    for f, v in per_file:
-        # values fall along a file: those above the threshold are a prefix, then the ties
-        above = int(np.searchsorted(-v, -threshold, side="left"))
-        at = int(np.searchsorted(-v, -threshold, side="right")) - above
-        if above:
-            counts[f] = above
-        if at:
-            tied.append((f, at))
-    left = take - sum(counts.values())
-    for f, at in sorted(tied):  # the plan breaks ties by path, so does the replay
-        if left <= 0:
-            break
-        counts[f] = counts.get(f, 0) + min(at, left)
-        left -= at
-    return counts
-
-
-def model_counts(
-    file_buckets: Mapping[str, int],
-    sizes: Mapping[str, int],
-    calibration: Calibration,
-    budget: float,
-    file_weight: float,
-    replay: ModelReplay,
-    case: int,
-) -> dict[str, int]:
-    """What the plan takes under the test model: each test worth its file's chance times
-    its own, the file's first test also ``file_weight`` times the file's chance; a file the
-    replay did not read has the base chance for every test."""
-    import numpy as np
-
-    chances = replay.chances[case]
-    per_file: list[tuple[str, Any]] = []
-    for f, bucket in file_buckets.items():
         n = sizes.get(f, 0)
-        if n <= 0:
-            continue
-        p = calibration.p_file(bucket)
-        found = chances.get(f)
-        values = p * (found if found is not None and len(found) == n else np.full(n, replay.base))
-        values[0] += p * file_weight
-        per_file.append((f, values))
-    return take_best(per_file, budget)
-
-
-def whole_counts(order: Sequence[str], sizes: Mapping[str, int], budget: float) -> dict[str, int]:
-    """Whole files in rank order until the budget is spent (the last one in part): what the
-    plan takes under the whole-files rule."""
-    left = round(budget)
-    counts: dict[str, int] = {}
-    for f in order:
-        if left <= 0:
-            break
-        take = min(sizes.get(f, 0), left)
-        if take:
-            counts[f] = take
-            left -= take
-    return counts
+        found = None
+        if rule == MODEL:
+            found = (chances or {}).get(f)
+            if found is None or len(found) != n:
+                found = np.full(n, base)
+        p = calibration.p_file(file_buckets[f])
+        slots.append(FileSlot(f, rank, p, n, reached.get(f, 0), found))
+    return slots
 
 
 def _swept(
@@ -192,6 +113,39 @@ def _swept(
             out[f] = n
             left -= n
     return out
+
+
+def plan_case(
+    case: Case,
+    order: Sequence[str],
+    file_buckets: Mapping[str, int],
+    sizes: Mapping[str, int],
+    calibration: Calibration,
+    fraction: float,
+    file_weight: float,
+    rule: str,
+    reached: Mapping[str, int] | None = None,
+    chances: Mapping[str, Any] | None = None,
+    base: float = 0.0,
+    sweeps: Sequence[str] = (),
+) -> dict[str, int]:
+    """How many tests of each file (in its own order) the plan takes for one replayed
+    commit under ``rule``, spending ``fraction`` of the tests as they were before it: its
+    sweeps whole first (while the budget holds each), then the rule's best values
+    (``rules.py``, the live plan's own function). Under MODEL without ``chances`` (no test
+    model could be fitted) the spread rule, as the live plan falls back to."""
+    case_sizes = dict(sizes)
+    case_sizes.update({f: n for f, (n, _e) in case.truth.items()})
+    budget = fraction * sum(case_sizes.get(f, 0) for f in file_buckets)
+    swept = _swept(sweeps, file_buckets, case_sizes, budget)
+    budget -= sum(swept.values())
+    rest = {f: b for f, b in file_buckets.items() if f not in swept}
+    if rule == MODEL and chances is None:
+        rule = SPREAD
+    slots = case_slots(order, rest, case_sizes, calibration, rule, reached, chances, base)
+    counts = rules.counts(rule, slots, calibration, budget, file_weight)
+    counts.update(swept)
+    return counts
 
 
 def evaluate(
@@ -235,29 +189,24 @@ def evaluate(
             shared.coverage,
             reached=shared.reached,
         )
-        case_sizes = dict(sizes)
-        case_sizes.update({f: n for f, (n, _e) in case.truth.items()})
-        total = sum(case_sizes.get(f, 0) for f in file_buckets)
         positions = {f: edited for f, (_n, edited) in case.truth.items()}
-        budget = fraction * total
-        swept = _swept(sweeps[k] if sweeps is not None else (), file_buckets, case_sizes, budget)
-        budget -= sum(swept.values())
-        rest = {f: b for f, b in file_buckets.items() if f not in swept}
-        if allocation == WHOLE:
-            counts = whole_counts([f for f in order if f not in swept], case_sizes, budget)
-        elif allocation == MODEL and replay is not None:
-            counts = model_counts(rest, case_sizes, loo, budget, file_weight, replay, k)
-            positions.update(replay.edited[k])
-        else:
-            counts = allocate_counts(
-                rest,
-                case_sizes,
-                loo,
-                budget,
-                file_weight,
-                reached[k] if reached is not None else None,
-            )
-        counts.update(swept)
+        model = replay if allocation == MODEL else None
+        counts = plan_case(
+            case,
+            order,
+            file_buckets,
+            sizes,
+            loo,
+            fraction,
+            file_weight,
+            allocation,
+            reached[k] if reached is not None else None,
+            model.chances[k] if model is not None else None,
+            model.base if model is not None else 0.0,
+            sweeps[k] if sweeps is not None else (),
+        )
+        if model is not None:
+            positions.update(model.edited[k])
         for f, edited in positions.items():
             if f not in file_buckets:
                 continue
