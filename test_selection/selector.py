@@ -31,17 +31,12 @@ from test_selection.layout import EmptyUniverse, Layout, detect_layout
 from test_selection.observations import Learned, Observation, learn
 from test_selection.placing import PlanInputs, ranked_plan, safe_plan
 from test_selection.plan import durations_for
-from test_selection.ranking.agent_check import (
-    AGENT_REMEASURE,
-    AgentVerdict,
-    measure_agent,
-)
 from test_selection.ranking.allocation import (
     FILE_WEIGHT,
 )
-from test_selection.ranking.cache import ChoiceCache
+from test_selection.ranking.backtest import BacktestAsk, backtest_choice
 from test_selection.ranking.candidate import KEYS, RANKERS, on_trial
-from test_selection.ranking.choice import MIN_CASES, RankingChoice, anchor_index, choose
+from test_selection.ranking.choice import MIN_CASES, RankingChoice
 from test_selection.ranking.history import HISTORY_COMMITS, History
 from test_selection.ranking.inputs import RankingInputs
 from test_selection.ranking.live import ranked_evidence, test_texts
@@ -157,77 +152,6 @@ def _fraction(budget: Budget, universe: int, seconds: Mapping[TestId, float]) ->
         total = sum(seconds.values())
         return min(1.0, budget.value / total) if total else 0.15
     return 0.15  # "all": every test runs; the ranking still orders the plan
-
-
-def _choose_ranking(
-    repo: Repo,
-    history: History,
-    change: ChangeAnalysis,
-    layout: Layout,
-    inputs: RankingInputs,
-    fraction: float,
-    config: SelectorConfig,
-    specs: list[Path] | None,
-) -> tuple[RankingChoice, list[str]]:
-    """The backtest's choice for this change's anchor, from the cache when it was made."""
-    notes: list[str] = []
-    anchor = anchor_index(repo, history, change.base)
-    if history.truncated:
-        notes.append(
-            f"history: the newest {len(history.shas)} commits were read (the repository has more)"
-        )
-    if repo.text("rev-parse", "--is-shallow-repository").strip() == "true":
-        notes.append(
-            f"the clone is shallow: {len(history.shas)} commit(s) of history before the change "
-            "(git fetch --unshallow gives the backtest more)"
-        )
-    roots = repo.text("rev-list", "--max-parents=0", "--end-of-options", change.base).split()
-    key = "|".join(
-        [
-            ",".join(sorted(roots)),
-            *layout.patterns,
-            config.label or "",
-            *sorted(str(s) for s in specs or ()),
-            config.ranking,
-            *(f"trial:{key}" for key in sorted(config.trial)),
-            # with a map: measured with the map of the day the anchor was first replayed, and
-            # kept while the anchor stands (a nightly map would otherwise replay every day)
-            *(
-                [f"coverage:{m.repository}:{m.backend}"]
-                if (m := inputs.coverage.map if inputs.coverage else None)
-                else []
-            ),
-        ]
-    )
-    cache = ChoiceCache(config.cache_dir, key)
-    fraction = round(fraction, 4)
-    anchor_sha = history.shas[anchor] if anchor >= 0 else ""
-    choice, warning = cache.load(anchor_sha, fraction, config.file_weight)
-    if warning:
-        notes.append(warning)
-    backtested_now = choice is None
-    if choice is None:
-        only = None if config.ranking == "auto" else config.ranking
-        registry = on_trial(config.trial)
-        if only in KEYS:  # one candidate by name: measured alone, and used
-            registry = tuple(c for c in registry if c.key == only)
-            only = registry[0].ranker
-        choice = choose(repo, history, anchor, inputs, fraction, config.file_weight, only, registry)
-        cache.store(choice, config.file_weight)
-    agent = config.agent
-    if isinstance(agent, LocalAgent) and choice.cases >= MIN_CASES and agent.available():
-        at = anchor_index(repo, history, change.base, AGENT_REMEASURE)
-        verdict, warning = cache.load_agent(agent.name, history.shas[at] if at >= 0 else "")
-        if warning:
-            notes.append(warning)
-        if verdict is None and backtested_now:
-            verdict = AgentVerdict(agent.name, False, 0.0, 0.0, 0, 0, 0.0, deferred=True)
-        elif verdict is None:
-            verdict = measure_agent(repo, history, at, set(inputs.sizes), inputs.is_test, agent)
-            if not verdict.pending:
-                cache.store_agent(history.shas[at] if at >= 0 else "", verdict)
-        choice.agent = verdict
-    return choice, notes
 
 
 class _Clock:
@@ -466,9 +390,15 @@ def _rank(
         texts={path: test_texts(tests) for path, tests in by_file.items()},
         map=coverage,
     )
-    choice, cache_notes = _choose_ranking(
-        repo, history, change, layout, inputs, fraction, config, specs
+    ask = BacktestAsk(
+        ranking_name,
+        config.trial,
+        (*layout.patterns, config.label or "", *sorted(str(s) for s in specs or ())),
+        config.cache_dir,
+        config.file_weight,
+        config.agent,
     )
+    choice, cache_notes = backtest_choice(repo, history, change.base, inputs, fraction, ask)
     notes += cache_notes
     clock.lap("backtest")
     if choice.cases < MIN_CASES:
@@ -499,27 +429,12 @@ def _candidates(
     for test, value in ranking.values.items():
         evidence.setdefault(test, []).append(value)
     if coverage is not None:
-        notes.append(_map_evidence(coverage, ranking.choice, evidence))
+        use = None if ranking.choice is None else ranking.choice.candidate.map_use
+        notes.append(coverage.add_evidence(evidence, use))
     universe = ctx.candidates.universe
     return {
         t: Scored(t, list(evidence.get(t, []))) for t in sorted(universe, key=lambda t: t.sort_key)
     }
-
-
-def _map_evidence(
-    coverage: CoverageUse, choice: RankingChoice | None, evidence: dict[TestId, list[Evidence]]
-) -> str:
-    """The map's evidence on the tests it reaches, and how the plan used the map. Ranked by
-    the hand weights, the map's evidence counts; under a backtest choice that uses the map,
-    the ranking's values already carry it and this says why."""
-    if choice is None or choice.candidate.map_use:
-        weight = 1.0 if choice is None else 0.0
-        for test in coverage.reach:
-            said = coverage.evidence(test, weight)
-            if said is not None:
-                evidence.setdefault(test, []).append(said)
-    coverage.used = "hand" if choice is None else (choice.candidate.map_use or "unused")
-    return coverage.usage()
 
 
 def _agent_review(

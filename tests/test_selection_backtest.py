@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from test_selection import selector
 from test_selection.agents import LocalAgent
 from test_selection.git import Repo
 from test_selection.inventory import is_test_path
-from test_selection.ranking import agent_check, choice
+from test_selection.ranking import agent_check, backtest, choice
 from test_selection.ranking.allocation import Calibration
 from test_selection.ranking.cache import ChoiceCache
 from test_selection.ranking.candidate import BASELINE, LEARNED, REGISTRY, Candidate, on_trial
@@ -438,7 +437,7 @@ def test_the_agents_verdict_is_measured_once_for_the_next_commits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(choice, "REFIT_EVERY", 1)  # a new anchor, so a new backtest, per commit
-    monkeypatch.setattr(selector, "AGENT_REMEASURE", 20)  # ... but one agent anchor for both
+    monkeypatch.setattr(backtest, "AGENT_REMEASURE", 20)  # ... but one agent anchor for both
     repo = _agent_history(tmp_path)
     agent = _CountingReader(tmp_path / "cache")
     config = SelectorConfig(budget=Budget.parse("30%"), cache_dir=tmp_path / "cache", agent=agent)

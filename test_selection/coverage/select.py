@@ -63,6 +63,20 @@ class CoverageUse:
             f"functions) in the coverage map of {self.revision[:12]}",
         )
 
+    def add_evidence(self, evidence: dict[TestId, list[Evidence]], use: str | None) -> str:
+        """Add the map's evidence on the tests it reaches, and say how the plan used the
+        map. ``use``: None when the hand weights rank (the map's evidence counts); else the
+        chosen candidate's use of the map ("" for none), whose values already carry it (its
+        evidence is added at weight 0, to say why)."""
+        if use is None or use:
+            weight = 1.0 if use is None else 0.0
+            for test in self.reach:
+                said = self.evidence(test, weight)
+                if said is not None:
+                    evidence.setdefault(test, []).append(said)
+        self.used = "hand" if use is None else (use or "unused")
+        return self.usage()
+
     def note(self) -> str:
         behind = (
             ""
