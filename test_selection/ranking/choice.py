@@ -35,14 +35,11 @@ from test_selection.ranking.cases import (
     Case,
     build_cases,
     case_sweeps,
-    replay_case,
-    with_reach,
 )
 from test_selection.ranking.figures import Figures
 from test_selection.ranking.history import History
 from test_selection.ranking.inputs import RankingInputs
 from test_selection.ranking.learned import Ranker, fit
-from test_selection.ranking.model_replay import ModelReplay, files_to_read, replay_model
 from test_selection.ranking.rankers import (
     Blend,
     CoverageBoost,
@@ -57,9 +54,9 @@ from test_selection.ranking.replay import (
     evaluate,
     plan_case,
     ranked,
-    shared_calibration,
 )
-from test_selection.ranking.test_model import TestModel, TestText
+from test_selection.ranking.settings import Replays, Setting, Settings
+from test_selection.ranking.test_model import TestModel
 
 MIN_CASES = 12  # fewer: too little history to choose, the prior ranking is used
 
@@ -141,34 +138,6 @@ def rankers(
     return out
 
 
-# per case: the candidate's file order and each file's rank bucket
-Ranked = list[tuple[list[str], dict[str, int]]]
-
-
-@dataclass
-class _Replays:
-    """Every ranker's file order on every case, as ranked and with the files the map
-    reaches moved up (``boosted``, only with a map)."""
-
-    names: list[str]
-    descriptions: dict[str, str]
-    plain: dict[str, Ranked]
-    boosted: dict[str, Ranked]
-
-
-@dataclass
-class _Setting:
-    """What a candidate's replay is given besides its ranker's file orders: the cases as
-    its use of the map sees them, their shared numbers, the tests the map puts first per
-    case, and the test model's replay (MODEL rule)."""
-
-    orders: dict[str, Ranked]
-    cases: Sequence[Case]
-    shared: Calibration
-    reached: Sequence[Mapping[str, int]] | None = None
-    replay: ModelReplay | None = None
-
-
 @dataclass
 class _Backtest:
     """One backtest under way: its cases and budget, and what it has measured so far."""
@@ -181,9 +150,9 @@ class _Backtest:
     with_map: list[Figures] = field(default_factory=list)
     calibrations: dict[str, Calibration] = field(default_factory=dict)  # by Figures.key
     models: dict[str, TestModel] = field(default_factory=dict)  # by coverage use
-    given: dict[str, _Setting] = field(default_factory=dict)  # by Figures.key
+    given: dict[str, Setting] = field(default_factory=dict)  # by Figures.key
 
-    def measure(self, candidate: Candidate, description: str, setting: _Setting) -> None:
+    def measure(self, candidate: Candidate, description: str, setting: Setting) -> None:
         """Replay one candidate and keep its figures."""
         file_recall, test_recall, calibration = self._evaluate(candidate, setting)
         fig = Figures(candidate, description, file_recall, test_recall)
@@ -194,7 +163,7 @@ class _Backtest:
     def _evaluate(
         self,
         candidate: Candidate,
-        setting: _Setting,
+        setting: Setting,
         sweeps: Sequence[Sequence[str]] | None = None,
     ) -> tuple[float, float, Calibration]:
         return evaluate(
@@ -252,7 +221,7 @@ def choose(
     reach = _past_reach(coverage, repo, history, cases)
     replays = _replay_rankings(history, cases, files, inputs, fitted, only, reach)
     backtest = _Backtest(cases, inputs.sizes, fraction, file_weight)
-    settings = _Settings(backtest, replays, reach, inputs.texts, coverage is not None)
+    settings = Settings(backtest, replays, reach, inputs.texts, coverage is not None)
     for candidate in registry:
         setting = settings.get(candidate) if candidate.ranker in replays.names else None
         if setting is not None:
@@ -307,7 +276,7 @@ def replay_commit(
     replays = _replay_rankings(history, cases, files, inputs, plan.learned, candidate.ranker, reach)
     backtest = _Backtest(cases, inputs.sizes, plan.fraction, file_weight)
     has_map = inputs.coverage is not None
-    settings = _Settings(backtest, replays, reach, inputs.texts, has_map, plan.test_model)
+    settings = Settings(backtest, replays, reach, inputs.texts, has_map, plan.test_model)
     setting = settings.get(candidate)
     if setting is None or candidate.ranker not in replays.names:
         raise ValueError(f"{candidate.key} cannot be replayed with these inputs")
@@ -395,13 +364,13 @@ def _replay_rankings(
     fitted: Ranker | None,
     only: str | None,
     reach: PastReach,
-) -> _Replays:
+) -> Replays:
     """Each candidate's file order on each case, with the case's own words over the tests
     as they were before it."""
     names = list(rankers(fitted, inputs.imports, frozenset(), {}))
     if only is not None:
         names = [n for n in names if n == only] or ["history"]
-    replays = _Replays(names, {}, {n: [] for n in names}, {n: [] for n in names})
+    replays = Replays(names, {}, {n: [] for n in names}, {n: [] for n in names})
     for case in cases:
         before = {**inputs.tokens, **case.before}
         made = rankers(fitted, inputs.imports, case.words, before)
@@ -419,94 +388,6 @@ def _replay_rankings(
                 order = ranked(moved, files)
                 replays.boosted[name].append((order, buckets(moved, order)))
     return replays
-
-
-class _Settings:
-    """Each candidate's setting (``_Setting``), made the first time a candidate needs it:
-    the test model's replays and the map's reach per case cost the most, and are shared by
-    every ranker. None where the inputs do not allow the candidate (no map, no test texts,
-    a test model that could not be fitted)."""
-
-    def __init__(
-        self,
-        backtest: _Backtest,
-        replays: _Replays,
-        reach: PastReach,
-        texts: Mapping[str, Sequence[TestText]] | None,
-        has_map: bool,
-        model: TestModel | None = None,
-    ) -> None:
-        self.backtest = backtest
-        self.model = model  # a live plan's test model, replayed as it is (``replay_commit``)
-        self.replays = replays
-        self.reach = reach
-        self.texts = texts
-        self.has_map = has_map
-        self._made: dict[tuple[bool, str], _Setting | None] = {}
-        self._read: list[set[str]] | None = None
-        self._shared: Calibration | None = None
-
-    def get(self, candidate: Candidate) -> _Setting | None:
-        key = (candidate.rule == MODEL, candidate.map_use)
-        if key not in self._made:
-            self._made[key] = self._make(*key)
-        return self._made[key]
-
-    def _make(self, model: bool, use: str) -> _Setting | None:
-        if use and not self.has_map:
-            return None
-        backtest, replays = self.backtest, self.replays
-        orders = replays.boosted if use == REACHED_FILES else replays.plain
-        cases = backtest.cases
-        if model:
-            replay = self._model_replay(use)
-            if replay is None:
-                return None
-            return _Setting(orders, cases, self._plain_shared(), replay=replay)
-        if not use:
-            return _Setting(orders, cases, self._plain_shared())
-        pairs = [with_reach(case, self.reach.get(case.sha, {})) for case in cases]
-        reached_cases = [case for case, _counts in pairs]
-        counts = [counts for _case, counts in pairs]
-        return _Setting(
-            orders, reached_cases, shared_calibration(reached_cases, counts), reached=counts
-        )
-
-    def _plain_shared(self) -> Calibration:
-        if self._shared is None:
-            self._shared = shared_calibration(self.backtest.cases)
-        return self._shared
-
-    def _model_replay(self, use: str) -> ModelReplay | None:
-        """The test model replayed out of fold under every ranker's file order (reading
-        the map, with one); both replays read the same files per case."""
-        if self.texts is None:
-            return None
-        backtest, replays = self.backtest, self.replays
-        if self._read is None and self.model is not None:  # as a live plan reads: all
-            self._read = [set(backtest.sizes) for _case in backtest.cases]
-        if self._read is None:
-            total = sum(backtest.sizes.values())
-            self._read = [
-                files_to_read(
-                    [
-                        orders[name][k][0]
-                        for name in replays.names
-                        for orders in (replays.plain, replays.boosted)
-                        if orders[name]
-                    ],
-                    backtest.sizes,
-                    backtest.fraction * total,
-                )
-                for k in range(len(backtest.cases))
-            ]
-        reach = self.reach if use else {}
-        cases = [replay_case(c, reach.get(c.sha, {}) if use else None) for c in backtest.cases]
-        replay = replay_model(cases, self.texts, self._read, bool(use), self.model)
-        if replay is None or replay.model is None:
-            return None
-        backtest.models[use] = replay.model
-        return replay
 
 
 def _pick(figures: Sequence[Figures], with_map: Sequence[Figures]) -> Figures:
