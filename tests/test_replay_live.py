@@ -6,6 +6,7 @@ that all fit, so every candidate is exercised."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,33 @@ def test_selecting_a_commit_live_takes_what_its_replay_takes_for_every_candidate
         assert sum(live.values()) == round(plan.fraction * sum(seen["inputs"].sizes.values()))
         checked.append(candidate)
     assert checked == list(REGISTRY)
+
+
+def test_replaying_a_commit_the_backtest_does_not_replay_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(choice_module, "REFIT_EVERY", 1)
+    monkeypatch.setattr(cases_module, "BACKTEST_CASES", REPLAYED)
+    repo, base = _history(tmp_path)
+    seen: dict[str, Any] = {}
+
+    def ranked_evidence(choice, history, change, by_file, inputs, file_weight, similarity):  # type: ignore[no-untyped-def]
+        seen.update(choice=choice, inputs=inputs)
+        return live_values(choice, history, change, by_file, inputs, file_weight, similarity)
+
+    monkeypatch.setattr(selector, "ranked_evidence", ranked_evidence)
+    config = SelectorConfig(cache_dir=tmp_path / "cache", ranking="history/spread")
+    select(repo.path, "HEAD~1", "HEAD", None, config)
+    history = History.read(Repo(repo.path), "HEAD")
+    anchor = len(history.shas) - 1
+    plan, inputs = seen["choice"], seen["inputs"]
+    with pytest.raises(ValueError, match="is not among the commits replayed"):
+        replay_commit(Repo(repo.path), history, anchor, inputs, plan.candidate, base, plan)
+    # a candidate that reads the map, with no map given
+    mapped = Candidate("history", "spread", "reached-first")
+    head = repo.git("rev-parse", "HEAD")
+    with pytest.raises(ValueError, match="cannot be replayed with these inputs"):
+        replay_commit(Repo(repo.path), history, anchor, inputs, mapped, head, plan)
+    # an unknown candidate on trial is refused before any work, in the library as in the CLI
+    with pytest.raises(ValueError, match="unknown candidate"):
+        select(repo.path, "HEAD~1", "HEAD", None, replace(config, trial=("history/slow",)))
