@@ -115,3 +115,30 @@ def test_monitoring_keeps_the_lines_coverage_py_would(
     assert {t: monitored[t] for t in (DIRECT, THREAD)} == {t: traced[t] for t in (DIRECT, THREAD)}
     assert set(monitored[DIRECT]) == {"pkg/app.py"}  # not tests/test_app.py
     assert len(monitored[DIRECT]["pkg/app.py"]) == 3
+
+
+# code compiled from a syntax tree without positions, run as the module's own file: its
+# lines are reported as line 0 (astroid's tests do this; maps with it could not be read)
+GENERATED = (
+    "import ast\n\n\ndef run():\n"
+    "    node = ast.Assign([ast.Name('x', ast.Store(), lineno=0, col_offset=0)],\n"
+    "                      ast.Constant(1, lineno=0, col_offset=0), lineno=0, col_offset=0)\n"
+    "    space = {}\n"
+    "    exec(compile(ast.Module([node], []), __file__, 'exec'), space)\n"
+    "    return space['x']\n"
+)
+
+
+def test_a_line_zero_is_no_line_and_the_map_still_reads(
+    tmp_path: Path, cli: Callable[..., CliResult], python312: str
+) -> None:
+    repo = GitRepo(tmp_path / "up")
+    repo.commit("base", {"pkg/__init__.py": "", "pkg/gen.py": GENERATED,
+                         "tests/test_gen.py": "from pkg.gen import run\n\n\n"
+                                              "def test_run():\n    assert run() == 1\n"},
+                dedent=False)  # fmt: skip
+    done = cli("coverage", "record", "--upstream", repo.path, "-o", tmp_path / "map.json.gz",
+               "--python", python312, "--lines")  # fmt: skip
+    assert done.code == 0 and "1 passed" in done.output, done.output
+    lines = CoverageMap.load(tmp_path / "map.json.gz").lines["tests/test_gen.py::test_run"]
+    assert 0 not in lines["pkg/gen.py"] and {5, 8, 9} <= set(lines["pkg/gen.py"]), lines

@@ -213,6 +213,11 @@ def test_changed_statements_are_named_by_their_first_line() -> None:
 def test_line_ranges_round_trip_and_a_damaged_one_is_refused() -> None:
     assert ranges([9, 1, 2, 3, 7, 10]) == "1-3,7,9-10"
     assert parse_ranges("1-3,7,9-10") == {1, 2, 3, 7, 9, 10}
+    # line 0 (code compiled without positions) is no line: left out, so the map still reads
+    assert ranges([0, 1, 2, 5]) == "1-2,5"
+    assert parse_ranges(ranges([0, -1])) == frozenset()
+    with pytest.raises(ValueError, match="bad line range '0'"):
+        parse_ranges("0")
     cmap = CoverageMap("o/n", "a" * 40)
     cmap.add("t.py::test", {("m.py", "f"): 1}, (), {"m.py": [3, 4, 5]})
     back = CoverageMap.from_json(json.loads(json.dumps(cmap.to_json())))

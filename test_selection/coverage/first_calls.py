@@ -107,7 +107,8 @@ class FirstCalls:
     def _line(self, code: types.CodeType, number: int) -> Any:
         """A line's first run in the test (then silent until the next test)."""
         name = self.namer(code.co_filename)
-        if name is not None and self.lines is not None:
+        # code compiled from a syntax tree without positions runs "line 0": no line of the file
+        if name is not None and self.lines is not None and number > 0:
             self.lines.setdefault(name, set()).add(number)
         return self.monitoring.DISABLE
 

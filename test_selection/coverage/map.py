@@ -202,10 +202,11 @@ class CoverageMap:
 
 
 def ranges(numbers: Iterable[int]) -> str:
-    """``1,2,3,7,9,10`` -> ``"1-3,7,9-10"``."""
+    """``1,2,3,7,9,10`` -> ``"1-3,7,9-10"``; numbers below 1 are no line of a file and are
+    left out (``parse_ranges`` refuses them: a map is never written that cannot be read)."""
     out: list[str] = []
     run: list[int] = []
-    for n in sorted(set(numbers)):
+    for n in sorted({n for n in numbers if n > 0}):
         if run and n == run[-1] + 1:
             run[-1] = n
         else:
