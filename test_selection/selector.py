@@ -372,7 +372,7 @@ def _rank(
     if ranking_name not in RANKINGS and ranking_name not in KEYS:
         raise ValueError(
             f"unknown ranking {ranking_name!r} ({', '.join(RANKINGS)}, or a candidate "
-            "ranker/rule[/map use])"
+            "ranker/rule or ranker/rule/map-use)"
         )
     if ranking_name == "hand" or config.heuristics is not None:
         return _Ranking(heuristics=config.heuristics)

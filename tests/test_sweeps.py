@@ -14,8 +14,10 @@ import pytest
 from test_selection.agents import NoAgent
 from test_selection.ranking import choice
 from test_selection.ranking.allocation import SPREAD
+from test_selection.ranking.candidate import Candidate
 from test_selection.ranking.cases import Case
 from test_selection.ranking.replay import shared_calibration
+from test_selection.ranking.settings import Setting
 from test_selection.selector import SelectorConfig, select
 from test_selection.types import Budget
 from tests.gitrepo import GitRepo
@@ -169,9 +171,10 @@ def _replayed(sweep_edits: int) -> tuple[Any, Any, list[tuple[str, ...]]]:
         cases.append(Case(k, f"{k:040x}", frozenset({"pkg/x.py"}), truth))
     order = ["tests/test_a.py", "tests/test_c.py", "tests/test_b.py"]
     ranked_cases = [(order, {f: r for r, f in enumerate(order)}) for _ in cases]
-    backtest = choice._Backtest(cases, sizes, shared_calibration(cases), 0.4, 0.1)
-    backtest.measure(ranked_cases, "history", "history counting", SPREAD)
-    sweeps = [("tests/test_a.py",) if k < 10 else () for k in range(20)]
+    backtest = choice._Backtest(cases, sizes, 0.4, 0.1)
+    setting = Setting({"history": ranked_cases}, cases, shared_calibration(cases))
+    backtest.measure(Candidate("history", SPREAD), "history counting", setting)
+    sweeps: list[tuple[str, ...]] = [("tests/test_a.py",) if k < 10 else () for k in range(20)]
     return backtest, backtest.figures[0], sweeps
 
 
@@ -179,7 +182,7 @@ def test_the_backtest_takes_sweeps_where_they_find_more_and_not_where_they_cost(
     backtest, best, sweeps = _replayed(sweep_edits=40)
     taken = choice._sweeps(backtest, best, sweeps)
     # the spread rule reads part of A in a sweep; running it whole finds every edited test
-    assert taken.sweeps and taken.test_recall > best.test_recall, (best, taken)
+    assert taken.candidate.sweeps and taken.test_recall > best.test_recall, (best, taken)
     assert taken.file_recall == best.file_recall == 1.0
     assert taken.label == "history counting, sweeps run whole"
     assert backtest.calibrations[taken.key] is backtest.calibrations[best.key]
@@ -187,6 +190,6 @@ def test_the_backtest_takes_sweeps_where_they_find_more_and_not_where_they_cost(
     # nothing, and the winner stays as it was
     backtest, best, sweeps = _replayed(sweep_edits=1)
     kept = choice._sweeps(backtest, best, sweeps)
-    assert kept is best and not kept.sweeps
+    assert kept is best and not kept.candidate.sweeps
     # without a sweep in any case there is nothing to replay
     assert choice._sweeps(backtest, best, [()] * 20) is best

@@ -29,12 +29,13 @@ PATTERN_HELP = (
 RANKING_HELP = (
     "How test files are ranked: auto (the candidate that wins a backtest on the repository's "
     "own recent commits) | history | learned | blend | history+words | learned+words (the "
-    "backtest chooses among that ranker's candidates) | one candidate as ranker/rule[/map "
-    "use], e.g. learned/model or history/spread/reached-first | hand (the hand weights)."
+    "backtest chooses among that ranker's candidates) | one candidate as ranker/rule or "
+    "ranker/rule/map-use, e.g. learned/model or history/spread/reached-first | hand (the hand "
+    "weights)."
 )
 
 TRIAL_HELP = (
-    "A candidate to put on trial (repeatable), named ranker/rule[/map use], e.g. "
+    "A candidate to put on trial (repeatable), named ranker/rule or ranker/rule/map-use, e.g. "
     "learned/model or history/spread/reached-first: the backtest measures it and the plan "
     "reports its figures, but it is never chosen."
 )
@@ -95,7 +96,7 @@ def _config(
     if ranking not in RANKINGS and ranking not in KEYS:
         raise typer.BadParameter(
             f"unknown ranking {ranking!r} (one of {', '.join(RANKINGS)}, or one candidate "
-            "as ranker/rule[/map use], e.g. history/spread/reached-first)",
+            "as ranker/rule or ranker/rule/map-use, e.g. history/spread/reached-first)",
             param_hint="--ranking",
         )
     if mode not in MODES:
