@@ -85,6 +85,22 @@ def _map(base: str) -> CoverageMap:
     return cmap
 
 
+def _watch_live_values(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """What the selector's live ranking is given and gives (the real function, called
+    through): the choice, the tests by file, the inputs, the values. Refilled per selection."""
+    seen: dict[str, Any] = {}
+
+    def ranked_evidence(choice, history, change, by_file, inputs, file_weight, similarity):  # type: ignore[no-untyped-def]
+        seen.update(choice=choice, by_file=by_file, inputs=inputs)
+        seen["values"] = live_values(
+            choice, history, change, by_file, inputs, file_weight, similarity
+        )
+        return seen["values"]
+
+    monkeypatch.setattr(selector, "ranked_evidence", ranked_evidence)
+    return seen
+
+
 def _live_counts(seen: dict[str, Any]) -> dict[str, int]:
     """What the live values take of each file at the backtest's budget (the rule's own
     taking, over the values the plan ranks by)."""
@@ -107,15 +123,7 @@ def test_selecting_a_commit_live_takes_what_its_replay_takes_for_every_candidate
     head = repo.git("rev-parse", "HEAD")
     history = History.read(Repo(repo.path), head)
     anchor = len(history.shas) - 1
-    seen: dict[str, Any] = {}
-    real = live_values
-
-    def ranked_evidence(choice, history, change, by_file, inputs, file_weight, similarity):  # type: ignore[no-untyped-def]
-        seen.update(choice=choice, by_file=by_file, inputs=inputs)
-        seen["values"] = real(choice, history, change, by_file, inputs, file_weight, similarity)
-        return seen["values"]
-
-    monkeypatch.setattr(selector, "ranked_evidence", ranked_evidence)
+    seen = _watch_live_values(monkeypatch)
     checked: list[Candidate] = []
     changed = (TRAINING + REPLAYED + 1) * 7 % MODULES  # the module the newest commit changes
     for candidate in REGISTRY:
@@ -157,13 +165,7 @@ def test_replaying_a_commit_the_backtest_does_not_replay_is_refused(
     monkeypatch.setattr(choice_module, "REFIT_EVERY", 1)
     monkeypatch.setattr(cases_module, "BACKTEST_CASES", REPLAYED)
     repo, base = _history(tmp_path)
-    seen: dict[str, Any] = {}
-
-    def ranked_evidence(choice, history, change, by_file, inputs, file_weight, similarity):  # type: ignore[no-untyped-def]
-        seen.update(choice=choice, inputs=inputs)
-        return live_values(choice, history, change, by_file, inputs, file_weight, similarity)
-
-    monkeypatch.setattr(selector, "ranked_evidence", ranked_evidence)
+    seen = _watch_live_values(monkeypatch)
     config = SelectorConfig(cache_dir=tmp_path / "cache", ranking="history/spread")
     select(repo.path, "HEAD~1", "HEAD", None, config)
     history = History.read(Repo(repo.path), "HEAD")

@@ -263,35 +263,13 @@ def test_select_cli_json_explain_and_bad_sha(
         "none",
     )
     assert bad.code == 2 and "unknown revision 'nope'" in bad.stderr
-    budget = cli(
-        "select",
-        "--upstream",
-        sample_upstream.path,
-        "--base",
-        "HEAD~1",
-        "--head",
-        "HEAD",
-        "--budget",
-        "lots",
-    )
-    assert budget.code == 2 and "bad budget" in budget.output
-    ranking = cli(
-        "select",
-        "--upstream",
-        sample_upstream.path,
-        "--base",
-        "HEAD~1",
-        "--head",
-        "HEAD",
-        "--ranking",
-        "best",
-    )
-    assert ranking.code == 2 and "unknown ranking 'best'" in ranking.output
-    for key, said in (
-        ("learned/fastest", "unknown candidate(s) learned/fastest"),
-        ("history/whole", "history/whole is the baseline every candidate is judged by"),
+    for option, value, said in (
+        ("--budget", "lots", "bad budget"),
+        ("--ranking", "best", "unknown ranking 'best'"),
+        ("--trial", "learned/fastest", "unknown candidate(s) learned/fastest"),
+        ("--trial", "history/whole", "history/whole is the baseline every candidate is judged by"),
     ):
-        trial = cli(
+        refused = cli(
             "select",
             "--upstream",
             sample_upstream.path,
@@ -299,10 +277,10 @@ def test_select_cli_json_explain_and_bad_sha(
             "HEAD~1",
             "--head",
             "HEAD",
-            "--trial",
-            key,
+            option,
+            value,
         )
-        assert trial.code == 2 and said in trial.output, trial.output
+        assert refused.code == 2 and said in refused.output, (option, refused.output)
 
 
 def test_select_eval_reports_recall_and_baselines(
