@@ -178,11 +178,14 @@ def replay(
     sweeps: bool | None = None,
     floor: bool = True,
     executed_share: float = EXECUTED_SHARE,
+    history_commits: int | None = None,
 ) -> dict[str, Any]:
     """Every commit of one history under combo and each setting, at every budget (with
     ``map_path``: each setting again with that coverage map; with ``rolling`` (commit -> map
     file), again with each commit's own map). ``progress``: a file each commit's row is
-    appended to as it comes, and taken back from on a rerun with the same settings and code."""
+    appended to as it comes, and taken back from on a rerun with the same settings and code.
+    ``history_commits``: the selector reads only this many commits before each change (a
+    shallow clone's view: the short-history path)."""
     from test_selection.agents import agent_by_name
 
     ys = load_yardstick(Path(yardstick))
@@ -210,6 +213,7 @@ def replay(
         "rolling": rolling, "code": revision(ROOT), "sweeps": sweeps,
         "floor": floor,
         **({} if executed_share == EXECUTED_SHARE else {"executed_share": executed_share}),
+        **({"history_commits": history_commits} if history_commits else {}),
     }  # fmt: skip
     saved = Progress(Path(progress), settings) if progress else None
     for number, (c, p, diff_rows, tests, srcs) in enumerate(eligible):
@@ -262,6 +266,7 @@ def replay(
                         sweeps=sweeps,
                         floor=floor,
                         executed_share=executed_share,
+                        **({"history_commits": history_commits} if history_commits else {}),
                     )
                     began = time.perf_counter()
                     plan, _change = select(Path(repo), p, head, None, config)
@@ -407,6 +412,14 @@ def _parser() -> argparse.ArgumentParser:
         "floor alone)",
     )
     ap.add_argument(
+        "--history-commits",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the selector reads only the N commits before each change, as in a clone of "
+        "depth N (SelectorConfig.history_commits): the path short histories take",
+    )
+    ap.add_argument(
         "--compare",
         action="append",
         default=[],
@@ -472,6 +485,7 @@ def _replay_all(
                 {"on": True, "off": False}.get(args.sweeps),
                 not args.no_floor,
                 args.executed_share,
+                args.history_commits,
             )
             for r in args.repos
         ]
