@@ -3,7 +3,8 @@
 For every commit that changes source and test files together, the selector
 sees only the source change (and the tests as they were before the commit);
 the test files the commit edited are the ground truth. Baselines at the same
-selection size: a seeded random pick, path keywords alone and co-change alone.
+selection size: a seeded random pick, test files by the changed paths' words alone and by
+co-change counts alone (whole files in that order until the size is reached).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from test_selection.candidates import CoChange, PathKeywords
 from test_selection.git import Repo
 from test_selection.inventory import DEFAULT_PATTERNS, is_test_path
 from test_selection.layout import EmptyUniverse, detect_layout
+from test_selection.ranking.history import History
+from test_selection.ranking.learned import _words
+from test_selection.ranking.rankers import HistoryCounting
 from test_selection.selector import SelectorConfig, select
-from test_selection.types import Budget
 
 STRATEGIES = ("selector", "random", "path-only", "co-change-only")
 
@@ -101,10 +103,10 @@ def evaluate(
             continue  # the root commit has nothing to compare with
         tests, sources = _changed(repo, sha, patterns)
         if tests and sources:
-            candidates.append((parent, sha, tests))
+            candidates.append((parent, sha, tests, sources))
     candidates = candidates[-max_commits:]
     rng = random.Random(0)
-    for i, (parent, sha, truth) in enumerate(candidates, 1):
+    for i, (parent, sha, truth, sources) in enumerate(candidates, 1):
         if progress:
             progress(i, len(candidates), sha)
         hidden = truth | {
@@ -130,15 +132,34 @@ def evaluate(
         everything = [p.test for p in plan.selected + plan.excluded]
         picked = rng.sample(everything, min(n, len(everything)))
         report.scores["random"].add({t.file for t in picked}, truth_in, n, plan.universe_size)
-        for name, heuristic in (("path-only", PathKeywords()), ("co-change-only", CoChange())):
-            single = replace(config, heuristics=[heuristic], budget=Budget("count", n))
-            from test_selection.agents import NoAgent
-
-            single.agent = NoAgent()
-            alone, _ = select(
-                upstream, parent, sha, specs, single, exclude_paths=hidden, inventory_rev=parent
-            )
-            report.scores[name].add(
-                {p.test.file for p in alone.selected}, truth_in, n, plan.universe_size
-            )
+        sizes: dict[str, int] = {}
+        for item in everything:
+            sizes[item.file] = sizes.get(item.file, 0) + 1
+        history = History.read(repo, parent, config.history_commits)
+        for name in ("path-only", "co-change-only"):
+            files = _baseline_files(name, history, sources, sizes, n)
+            report.scores[name].add(files, truth_in, n, plan.universe_size)
     return report
+
+
+def _baseline_files(
+    name: str, history: History, sources: set[str], sizes: dict[str, int], n: int
+) -> set[str]:
+    """The test files a one-signal baseline runs for ``n`` tests: by the words their paths
+    share with the changed sources ("path-only") or by how often they changed with them
+    ("co-change-only"), whole files in that order, the last one cut."""
+    files = sorted(sizes)
+    if name == "path-only":
+        words = set().union(*(_words(s) for s in sources)) if sources else set()
+        scores = {f: float(len(words & _words(f))) for f in files}
+    else:
+        counting = HistoryCounting(word_weight=0.0)
+        scores = counting.rank(history, len(history.files), sources, files).scores
+    picked: set[str] = set()
+    taken = 0
+    for path in sorted((f for f in files if scores[f] > 0), key=lambda f: (-scores[f], f)):
+        if taken >= n:
+            break
+        picked.add(path)
+        taken += sizes[path]
+    return picked

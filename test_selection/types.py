@@ -70,11 +70,11 @@ class Scored:
 
     @property
     def mandatory(self) -> bool:
-        """Edited by the change or directly referencing it: no budget or agent may drop it."""
+        """Edited by the change or always run: no budget or agent may drop it."""
         return any(e.source in MANDATORY_SOURCES and e.score >= 0.5 for e in self.evidence)
 
 
-MANDATORY_SOURCES = frozenset({"edited-by-change", "references-change", "always-run"})
+MANDATORY_SOURCES = frozenset({"edited-by-change", "always-run"})
 # evidence that gives a test its place in the plan rather than a score: the coverage floor
 # (coverage/floor.py) and safe mode (safe.py); the plan shows their reason first
 FLOOR_SOURCE = "coverage-floor"

@@ -116,9 +116,9 @@ def test_the_nightly_records_a_map_and_the_next_selection_ranks_with_it(
     assert f'<dt>coverage map</dt><dd class="coverage-map"><span class="mono">{first[:10]}' in page
     assert "0 commit(s) before the base: knew 1 of 1 changed function(s)" in page
     assert "executed changed pkg/core.py:_impl_17 (2 calls deep" in page
-    # too little history for a backtest: the map's evidence counts beside the hand weights
-    assert coverage["used"] == "hand"
-    assert "1 test(s) executed one; as evidence beside the hand weights</dd>" in page
+    # too little history for a backtest: the tests it reaches go first, on prior numbers
+    assert coverage["used"] == "prior"
+    assert "1 test(s) executed one; its tests first in their files (prior numbers" in page
     # this nightly recorded too: now the newest map is its own
     newer = newest_map(rt, "sample/pytorch", "cpu")
     assert newer is not None and newer.revision == fix

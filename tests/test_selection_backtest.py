@@ -16,7 +16,14 @@ from test_selection.inventory import is_test_path
 from test_selection.ranking import agent_check, backtest, choice
 from test_selection.ranking.allocation import Calibration
 from test_selection.ranking.cache import ChoiceCache
-from test_selection.ranking.candidate import BASELINE, LEARNED, REGISTRY, Candidate, on_trial
+from test_selection.ranking.candidate import (
+    BASELINE,
+    LEARNED,
+    PRIOR,
+    REGISTRY,
+    Candidate,
+    on_trial,
+)
 from test_selection.ranking.cases import build_cases
 from test_selection.ranking.choice import MIN_CASES
 from test_selection.ranking.history import History
@@ -162,7 +169,7 @@ def test_candidates_are_one_registry_of_frozen_values() -> None:
     assert [c.key for c in on_trial(("learned/model",)) if c.trial] == ["learned/model"]
 
 
-def test_a_named_ranking_is_used_and_too_little_history_keeps_the_hand_weights(
+def test_too_little_history_ranks_with_prior_numbers(
     tmp_path: Path,
 ) -> None:
     repo = GitRepo(tmp_path / "small")
@@ -174,12 +181,15 @@ def test_a_named_ranking_is_used_and_too_little_history_keeps_the_hand_weights(
     config = SelectorConfig(cache_dir=tmp_path / "cache", agent=LocalAgent(tmp_path / "cache"))
     plan, _ = _select_hiding_tests(repo, config)
     notes = " ".join(plan.notes)
-    assert f"({MIN_CASES} needed)" in notes and "the hand weights rank the tests" in notes
-    assert plan.ranking == {}
+    assert f"({MIN_CASES} needed)" in notes and "ranks with prior numbers" in notes
+    assert plan.ranking["chosen"] == PRIOR.ranker and plan.ranking["allocation"] == PRIOR.rule
+    assert plan.ranking["backtest_commits"] < MIN_CASES
     # the agent has not shown it helps here: it steps aside, its model never loaded
     assert plan.agent == "none" and "local agent skipped: too little history" in notes
     assert not (tmp_path / "cache" / "embeddings").exists()
-    assert any(e.source == "co-change" for p in plan.selected for e in p.evidence)
+    # the one test file changed with the source every time: history counting says so
+    reasons = [e.reason for p in plan.selected for e in p.evidence if e.source == "ranking"]
+    assert any("changed with these sources in 3 past commit(s)" in r for r in reasons), reasons
 
 
 def test_a_shallow_clone_says_how_deep_and_uses_the_prior(tmp_path: Path) -> None:
@@ -191,7 +201,7 @@ def test_a_shallow_clone_says_how_deep_and_uses_the_prior(tmp_path: Path) -> Non
     plan, _ = _select_hiding_tests(GitRepo(shallow), SelectorConfig(cache_dir=tmp_path / "c"))
     notes = " ".join(plan.notes)
     assert "the clone is shallow: 4 commit(s) of history before the change" in notes, notes
-    assert "the hand weights rank the tests" in notes
+    assert "ranks with prior numbers" in notes and plan.ranking["chosen"] == PRIOR.ranker
     assert plan.selected  # never a silent empty plan
 
 

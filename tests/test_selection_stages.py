@@ -9,20 +9,20 @@ import pytest
 
 from ci_relay.sample_upstream import SampleUpstream
 from test_selection import change_analysis, inventory
+from test_selection.agents import NoAgent
 from test_selection.candidates import (
     AlwaysRun,
-    CoChange,
     Context,
     EditedByChange,
     FailureHistory,
-    PathKeywords,
-    ReferencesChange,
     collect_evidence,
 )
 from test_selection.change_analysis import analyze
 from test_selection.git import GitError, Repo
 from test_selection.inventory import build_inventory
 from test_selection.plan import durations_for, load_durations, make_plan
+from test_selection.ranking.candidate import PRIOR
+from test_selection.selector import SelectorConfig, select
 from test_selection.types import Budget, Evidence, Scored, TestId
 from tests.conftest import CliResult
 from tests.gitrepo import GitRepo
@@ -178,12 +178,16 @@ def test_huge_diffs_degrade_to_paths(repo: GitRepo, monkeypatch: pytest.MonkeyPa
     assert "more than 30" in a.parse_errors[0]
 
 
-def _ctx(repo: GitRepo, inv: inventory.Inventory, **kw: object) -> Context:
-    return Context(Repo(repo.path), {t.id for t in inv.tests()}, **kw)  # type: ignore[arg-type]
+def _ctx(inv: inventory.Inventory, **kw: object) -> Context:
+    return Context({t.id for t in inv.tests()}, **kw)  # type: ignore[arg-type]
 
 
-def test_heuristics_each_give_scored_reasons(repo: GitRepo, tmp_path: Path) -> None:
-    base = repo.git("rev-parse", "HEAD")
+def test_signals_and_the_prior_ranking_each_give_scored_reasons(
+    repo: GitRepo, tmp_path: Path
+) -> None:
+    """The signals beside the ranking each say why; on a history too short to replay, the
+    ranking (history counting with prior numbers) finds what the retired hand weights did:
+    the file that changed with the source, the test that uses the changed function."""
     # history: mymod and test_math changed together twice
     repo.commit(
         "a", {"torch/mymod.py": SRC + "\nA = 1\n", "test/test_math.py": TEST_MATH + "\n# a\n"}
@@ -199,24 +203,25 @@ def test_heuristics_each_give_scored_reasons(repo: GitRepo, tmp_path: Path) -> N
     change = analyze(r, base, head)
     inv = build_inventory(r, head, cache_dir=tmp_path / "c")
     plain = TestId("test/test_math.py", "TestPlain", "test_plain")
-    refs = dict(ReferencesChange().evidence(change, inv, _ctx(repo, inv)))
-    assert plain in refs and "frobnicate" in refs[plain].reason
-    co = dict(CoChange().evidence(change, inv, _ctx(repo, inv)))
-    assert co and all("past commit" in e.reason for e in co.values())
     always = dict(
-        AlwaysRun().evidence(change, inv, _ctx(repo, inv, always_run=("*::test_module_level",)))
+        AlwaysRun().evidence(change, inv, _ctx(inv, always_run=("*::test_module_level",)))
     )
     assert list(always) == [TestId("test/test_math.py", None, "test_module_level")]
-    fails = dict(
-        FailureHistory().evidence(change, inv, _ctx(repo, inv, failure_history={plain: 3}))
-    )
+    fails = dict(FailureHistory().evidence(change, inv, _ctx(inv, failure_history={plain: 3})))
     assert fails[plain].score == pytest.approx(0.5)
-    edited = dict(EditedByChange().evidence(change, inv, _ctx(repo, inv)))
+    edited = dict(EditedByChange().evidence(change, inv, _ctx(inv)))
     assert edited == {}  # no test edited in this change
-    words = dict(PathKeywords().evidence(analyze(r, base, head), inv, _ctx(repo, inv)))
-    assert words == {}  # "mymod" names no test file
-    evidence = collect_evidence(change, inv, _ctx(repo, inv))
-    assert {e.source for e in evidence[plain]} == {"references-change", "co-change"}
+    assert collect_evidence(change, inv, _ctx(inv)) == {}  # nothing failed or always runs
+
+    config = SelectorConfig(budget=Budget("all"), agent=NoAgent(), cache_dir=tmp_path / "s")
+    plan, _ = select(Path(repo.path), base, head, config=config)
+    assert plan.ranking["chosen"] == PRIOR.ranker and "prior numbers" in plan.ranking["reason"]
+    by_test = {item.test: item for item in plan.selected}
+    (said,) = [e.reason for e in by_test[plain].evidence if e.source == "ranking"]
+    assert "changed with these sources in 3 past commit(s)" in said, said  # with the first
+    assert "frobnicate" in said, said
+    others = [t for t in by_test if t.file == plain.file and t != plain]
+    assert others and all(by_test[plain].score > by_test[t].score for t in others)
 
 
 def test_plan_budgets_mandatory_and_lpt_shards(tmp_path: Path) -> None:
@@ -245,7 +250,7 @@ def test_plan_budgets_mandatory_and_lpt_shards(tmp_path: Path) -> None:
     for t in tests[:5]:
         scored[t].evidence.append(Evidence("candidates", "edited-by-change", 1.0, "edited"))
     selected, _, _, notes = make_plan(scored, Budget.parse("10%"), durations, 1)
-    assert len(selected) == 2 and "3 test(s) the change edits or references did not fit" in notes[0]
+    assert len(selected) == 2 and "3 test(s) the change edits did not fit" in notes[0]
     for t in tests[:5]:
         scored[t].evidence.pop()
     # never an empty plan: with no evidence at all, a safety net is selected
@@ -321,3 +326,26 @@ def test_the_relay_refuses_a_fractional_count_budget_at_start_up() -> None:
     with pytest.raises(ValidationError, match="did you mean 15%"):
         Settings(selection_budget="0.15")
     assert Settings(selection_budget="15%").selection_budget == "15%"
+
+
+def test_select_eval_baselines_take_whole_files_by_one_signal(tmp_path: Path) -> None:
+    """``select-eval``'s one-signal baselines: co-change counts alone, path words alone."""
+    from test_selection.evaluate import _baseline_files
+    from test_selection.ranking.history import History
+
+    repo = GitRepo(tmp_path / "up")
+    files = {"src/alpha.py": "a = 0\n", "src/beta.py": "b = 0\n"}
+    files |= {f"tests/test_{n}.py": f"def test_{n}():\n    pass\n" for n in ("one", "beta")}
+    repo.commit("base", files)
+    for n in range(2):  # alpha changes with test_one, never with test_beta
+        repo.commit(f"c{n}", {"src/alpha.py": f"a = {n}\n", "tests/test_one.py": f"# {n}\n"})
+    history = History.read(Repo(repo.path), repo.git("rev-parse", "HEAD"))
+    sizes = {"tests/test_one.py": 3, "tests/test_beta.py": 3}
+    assert _baseline_files("co-change-only", history, {"src/alpha.py"}, sizes, 2) == {
+        "tests/test_one.py"
+    }
+    assert _baseline_files("path-only", history, {"src/beta.py"}, sizes, 2) == {
+        "tests/test_beta.py"
+    }
+    # nothing in common with either: no file, rather than a guess
+    assert _baseline_files("path-only", history, {"src/gamma.py"}, sizes, 2) == set()

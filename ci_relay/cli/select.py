@@ -30,8 +30,8 @@ RANKING_HELP = (
     "How test files are ranked: auto (the candidate that wins a backtest on the repository's "
     "own recent commits) | history | learned | blend | history+words | learned+words (the "
     "backtest chooses among that ranker's candidates) | one candidate as ranker/rule or "
-    "ranker/rule/map-use, e.g. learned/model or history/spread/reached-first | hand (the hand "
-    "weights)."
+    "ranker/rule/map-use, e.g. learned/model or history/spread/reached-first | prior (no "
+    "backtest: history counting with prior numbers, as a history too short to replay gets)."
 )
 
 TRIAL_HELP = (
@@ -93,6 +93,12 @@ def _config(
     from test_selection.selector import RANKINGS, SelectorConfig
     from test_selection.types import Budget
 
+    if ranking == "hand":
+        raise typer.BadParameter(
+            "the hand weights were retired (their signals are the rankers' now): "
+            "--ranking prior ranks without a backtest",
+            param_hint="--ranking",
+        )
     if ranking not in RANKINGS and ranking not in KEYS:
         raise typer.BadParameter(
             f"unknown ranking {ranking!r} (one of {', '.join(RANKINGS)}, or one candidate "

@@ -142,7 +142,9 @@ def _coverage(value: Any) -> CoverageView | None:
 
 # how a plan ranked with its map (``CoverageUse.used``), as the run page says it
 USES = {
-    "hand": "as evidence beside the hand weights",
+    "evidence": "as evidence (safe mode ranks nothing)",
+    "prior": "its tests first in their files (prior numbers: too little history to measure it)",
+    "hand": "as evidence beside the hand weights",  # plans made before they were retired
     "unused": "not used to rank: the backtest found no gain (the floor still uses it)",
     "reached-first": "its tests first in their files (the backtest found a gain)",
     "reached-files": "its files and tests first (the backtest found a gain)",

@@ -43,8 +43,10 @@ class CoverageUse:
     # known changed functions whose change is confined to body statements, with those
     # statements' lines, where the map has lines and the file is as the map recorded it
     lines: dict[str, frozenset[int]] = field(default_factory=dict, repr=False)
-    # how the plan used it: "hand" (evidence beside the hand weights), "unused" (the
-    # backtest found no gain), or the backtest's REACHED_FIRST / REACHED_FILES
+    # how the plan used it: "evidence" (safe mode, nothing ranked), "prior" (its tests first
+    # in their files, unmeasured: too little history), "unused" (the backtest found no
+    # gain), or the backtest's REACHED_FIRST / REACHED_FILES ("hand" in plans made before
+    # the hand weights were retired)
     used: str = ""
     index: CoverageIndex | None = field(default=None, repr=False, compare=False)  # the map read
 
@@ -63,18 +65,21 @@ class CoverageUse:
             f"functions) in the coverage map of {self.revision[:12]}",
         )
 
-    def add_evidence(self, evidence: dict[TestId, list[Evidence]], use: str | None) -> str:
+    def add_evidence(
+        self, evidence: dict[TestId, list[Evidence]], use: str | None, measured: bool = True
+    ) -> str:
         """Add the map's evidence on the tests it reaches, and say how the plan used the
-        map. ``use``: None when the hand weights rank (the map's evidence counts); else the
+        map. ``use``: None when nothing ranks (safe mode: the map's evidence counts); else the
         chosen candidate's use of the map ("" for none), whose values already carry it (its
-        evidence is added at weight 0, to say why)."""
+        evidence is added at weight 0, to say why); ``measured``: the backtest chose it (not
+        prior numbers)."""
         if use is None or use:
             weight = 1.0 if use is None else 0.0
             for test in self.reach:
                 said = self.evidence(test, weight)
                 if said is not None:
                     evidence.setdefault(test, []).append(said)
-        self.used = "hand" if use is None else (use or "unused")
+        self.used = "evidence" if use is None else "prior" if not measured else (use or "unused")
         return self.usage()
 
     def note(self) -> str:
@@ -91,8 +96,13 @@ class CoverageUse:
 
     def usage(self) -> str:
         """How the ranking used the map, for the plan's notes."""
-        if self.used == "hand":
+        if self.used == "evidence":
             return "coverage map: tests that executed a changed function gain evidence"
+        if self.used == "prior":
+            return (
+                "coverage map used with prior numbers (too little history to measure it): "
+                "tests that executed a changed function run first in their file"
+            )
         if self.used == "unused":
             return (
                 "coverage map not used to rank: replayed on the repository's recent commits, "

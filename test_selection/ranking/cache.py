@@ -16,8 +16,8 @@ from typing import Any
 from test_selection.ranking.agent_check import AgentVerdict
 from test_selection.ranking.choice import RankingChoice
 
-FORMAT = 5  # 2: the test model; 3: the classes moved to test_selection.ranking; 4: sweeps;
-# 5: a choice holds a Candidate
+FORMAT = 6  # 2: the test model; 3: the classes moved to test_selection.ranking; 4: sweeps;
+# 5: a choice holds a Candidate; 6: the prior ranking replaced the hand weights
 
 
 class ChoiceCache:

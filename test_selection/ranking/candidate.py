@@ -96,6 +96,11 @@ def _registry() -> tuple[Candidate, ...]:
 
 REGISTRY: tuple[Candidate, ...] = _registry()
 BASELINE = REGISTRY[0]  # history counting, whole files, no map: the plain reference
+# where nothing was measured (``choice.prior_choice``): history counting spread over the
+# files by prior numbers, each file's tests in the change's words order. On 20-commit
+# histories it beat the words blended in, whole files and the changed names
+# (bench/README.md, "The prior ranking")
+PRIOR = Candidate("history", SPREAD)
 KEYS = frozenset(c.key for c in REGISTRY)
 
 

@@ -27,10 +27,11 @@ from test_selection.ranking.allocation import (
     FILE_WEIGHT,
     MODEL,
     REACHED_FILES,
+    REACHED_FIRST,
     WHOLE,
     Calibration,
 )
-from test_selection.ranking.candidate import BASELINE, REGISTRY, Candidate
+from test_selection.ranking.candidate import PRIOR, REGISTRY, Candidate
 from test_selection.ranking.cases import (
     Case,
     build_cases,
@@ -85,6 +86,11 @@ class RankingChoice:
     seconds: float = 0.0
     agent: AgentVerdict | None = None  # set by the selector (measured apart, cached apart)
     test_model: TestModel | None = None  # with the MODEL rule: fitted up to the anchor
+
+    @property
+    def measured(self) -> bool:
+        """Chosen by the backtest (not prior numbers on too little history)."""
+        return self.cases >= MIN_CASES
 
     def ranker(
         self,
@@ -212,7 +218,13 @@ def choose(
     cases = build_cases(repo, history, anchor, set(files), inputs.is_test)
     anchor_sha = history.shas[anchor] if 0 <= anchor < len(history.shas) else ""
     if len(cases) < MIN_CASES:
-        return _too_little_history(len(cases), anchor, anchor_sha, fraction, started)
+        why = (
+            f"too little history to choose a ranking: {len(cases)} commit(s) in the last "
+            f"{anchor + 1} changed source and existing tests together ({MIN_CASES} needed)"
+        )
+        prior = prior_choice(why, anchor_sha, fraction, inputs.coverage is not None, len(cases))
+        prior.seconds = time.perf_counter() - started
+        return prior
     rows: dict[int, list[list[float]]] = {}  # shared by both fits
     fitted, notes = _fit_before(
         history, files, inputs, min(c.index for c in cases), anchor, only, rows
@@ -297,24 +309,22 @@ def replay_commit(
     )
 
 
-def _too_little_history(
-    cases: int, anchor: int, anchor_sha: str, fraction: float, started: float
+def prior_choice(
+    why: str, anchor_sha: str, fraction: float, with_map: bool, cases: int = 0
 ) -> RankingChoice:
-    """History counting with prior numbers: too few past commits to replay."""
-    counting = HistoryCounting()
+    """The ranking where none was measured (too few past commits to replay, or asked for
+    by name): ``candidate.PRIOR`` spread over the files by prior numbers
+    (``Calibration.prior``), the tests a coverage map reaches first in their files."""
+    candidate = replace(PRIOR, map_use=REACHED_FIRST) if with_map else PRIOR
+    description = rankers(None, {}, frozenset(), {})[candidate.ranker].description
     return RankingChoice(
-        BASELINE,
-        counting.description,
+        candidate,
+        candidate.label(description),
         Calibration.prior(),
         cases=cases,
         anchor=anchor_sha,
         fraction=fraction,
-        reason=(
-            f"too little history to choose a ranking: {cases} commit(s) in the last "
-            f"{anchor + 1} changed source and existing tests together ({MIN_CASES} needed); "
-            f"{counting.description} ranks with prior numbers"
-        ),
-        seconds=time.perf_counter() - started,
+        reason=f"{why}; {description} ranks with prior numbers",
     )
 
 

@@ -258,7 +258,7 @@ def fit(
         return None, (
             f"{len(examples)} commit(s) in the last {until} changed source and "
             f"tests together ({positives} test-file edits; {MIN_POSITIVES} needed to learn): "
-            "hand weights rank the tests"
+            "no learned ranker"
         )
     import numpy as np
     from sklearn.linear_model import LogisticRegression

@@ -54,6 +54,9 @@ class HistoryCounting:
     name = "history"
     description = "history counting + path words"
 
+    def __init__(self, word_weight: float = PATH_WORD_WEIGHT) -> None:
+        self.word_weight = word_weight  # 0: co-change counts alone
+
     def rank(
         self,
         history: History,
@@ -85,7 +88,7 @@ class HistoryCounting:
         reasons: dict[str, str] = {}
         for test in test_files:
             shared = words & _words(test) if words else set()
-            score = together.get(test, 0.0) + PATH_WORD_WEIGHT * len(shared)
+            score = together.get(test, 0.0) + self.word_weight * len(shared)
             scores[test] = score
             if explain and score > 0:
                 parts = []
