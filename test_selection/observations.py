@@ -3,7 +3,7 @@
 The relay stores results of executed variants; the selector plans generic tests. These
 observations, matched to the generic tests of the inventory (:mod:`test_selection.variants`),
 replace the one-second guess in time budgets and sharding, and feed the failure-history
-heuristic. PyTorch's ``test-times.json`` (per file) stays the fallback for tests never run.
+signal. PyTorch's ``test-times.json`` (per file) stays the fallback for tests never run.
 """
 
 from __future__ import annotations

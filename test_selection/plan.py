@@ -159,8 +159,8 @@ def make_plan(
     executed: Sequence[TestId] = (),
     executed_share: float = 0.0,
 ) -> tuple[list[PlannedTest], list[PlannedTest], list[list[str]], list[str]]:
-    """Choose within the budget: always-run tests, then the tests the change edits,
-    then the coverage floor (``floor``, most specific first), then ``executed``
+    """Choose within the budget: always-run tests, then the tests the change edits or
+    references, then the coverage floor (``floor``, most specific first), then ``executed``
     in order up to ``executed_share`` of the budget, then each group
     of ``wholes`` that still fits in full (a sweep's file), then by score (``fill``; without
     it the plan is those alone, as safe mode's is); LPT sharding of the chosen."""
@@ -179,7 +179,7 @@ def make_plan(
         limit_count, limit_seconds = universe, budget.value
     any_evidence = any(v > 0 for v in score.values())
     # the operator's always-run list is theirs to size; everything else fits the budget, the
-    # tests the change edits first (by score), so a budget is never exceeded
+    # tests the change edits or references first (by score), so a budget is never exceeded
     always = {s.test for s in order if _always(s)}
     must = {s.test for s in order if s.mandatory}  # each read once: the evidence lists are long
     chosen: list[Scored] = [s for s in order if s.test in always]
@@ -198,7 +198,7 @@ def make_plan(
         spent += cost
     if left_out:
         notes.append(
-            f"{left_out} test(s) the change edits did not fit the {budget} "
+            f"{left_out} test(s) the change edits or references did not fit the {budget} "
             "budget (the highest-scored did); a larger budget runs them"
         )
     taken = {s.test for s in chosen}

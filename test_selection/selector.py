@@ -14,7 +14,13 @@ from reuse_specs.matching import TestVariant, decide
 from reuse_specs.modes import Mode
 from reuse_specs.upstream_check import find_drift
 from test_selection.agents import Agent, LocalAgent, NoAgent, Review
-from test_selection.candidates import Context, Signal, collect_evidence
+from test_selection.candidates import (
+    Context,
+    Signal,
+    collect_evidence,
+    default_signals,
+    prior_signals,
+)
 from test_selection.change_analysis import ChangeAnalysis, analyze
 from test_selection.coverage.floor import EXECUTED_SHARE
 from test_selection.coverage.map import CoverageIndex
@@ -415,6 +421,9 @@ def _candidates(
 ) -> dict[TestId, Scored]:
     """The candidates stage: every universe test with the ranking's value and the other
     signals' evidence."""
+    if signals is None:
+        prior = ranking.choice is not None and not ranking.choice.measured
+        signals = prior_signals() if prior else default_signals()
     evidence = collect_evidence(change, inventory, ctx.candidates, signals)
     for test, value in ranking.values.items():
         evidence.setdefault(test, []).append(value)

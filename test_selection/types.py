@@ -38,10 +38,10 @@ class TestId:
 
 @dataclass(frozen=True)
 class Evidence:
-    """One reason to run (or not run) a test, from one heuristic or agent."""
+    """One reason to run (or not run) a test: from the ranking, a signal or an agent."""
 
     stage: str  # candidates | agent | plan
-    source: str  # heuristic or agent name
+    source: str  # "ranking", a signal's name, or an agent's
     score: float
     reason: str
 
@@ -70,11 +70,11 @@ class Scored:
 
     @property
     def mandatory(self) -> bool:
-        """Edited by the change or always run: no budget or agent may drop it."""
+        """Edited by the change or directly referencing it: no budget or agent may drop it."""
         return any(e.source in MANDATORY_SOURCES and e.score >= 0.5 for e in self.evidence)
 
 
-MANDATORY_SOURCES = frozenset({"edited-by-change", "always-run"})
+MANDATORY_SOURCES = frozenset({"edited-by-change", "references-change", "always-run"})
 # evidence that gives a test its place in the plan rather than a score: the coverage floor
 # (coverage/floor.py) and safe mode (safe.py); the plan shows their reason first
 FLOOR_SOURCE = "coverage-floor"

@@ -16,6 +16,7 @@ from test_selection.candidates import (
     EditedByChange,
     FailureHistory,
     collect_evidence,
+    prior_signals,
 )
 from test_selection.change_analysis import analyze
 from test_selection.git import GitError, Repo
@@ -186,8 +187,9 @@ def test_signals_and_the_prior_ranking_each_give_scored_reasons(
     repo: GitRepo, tmp_path: Path
 ) -> None:
     """The signals beside the ranking each say why; on a history too short to replay, the
-    ranking (history counting with prior numbers) finds what the retired hand weights did:
-    the file that changed with the source, the test that uses the changed function."""
+    prior ranking (history counting on prior numbers) and the names a test uses find what
+    the retired hand weights did: the file that changed with the source, and in it the test
+    that uses the changed function."""
     # history: mymod and test_math changed together twice
     repo.commit(
         "a", {"torch/mymod.py": SRC + "\nA = 1\n", "test/test_math.py": TEST_MATH + "\n# a\n"}
@@ -212,11 +214,16 @@ def test_signals_and_the_prior_ranking_each_give_scored_reasons(
     edited = dict(EditedByChange().evidence(change, inv, _ctx(inv)))
     assert edited == {}  # no test edited in this change
     assert collect_evidence(change, inv, _ctx(inv)) == {}  # nothing failed or always runs
+    # where the ranking is unmeasured, a test naming a changed function says so (rarity-weighted)
+    named = collect_evidence(change, inv, _ctx(inv), prior_signals())
+    assert [e.source for e in named[plain]] == ["references-change"]
+    assert "frobnicate" in named[plain][0].reason
 
     config = SelectorConfig(budget=Budget("all"), agent=NoAgent(), cache_dir=tmp_path / "s")
     plan, _ = select(Path(repo.path), base, head, config=config)
     assert plan.ranking["chosen"] == PRIOR.ranker and "prior numbers" in plan.ranking["reason"]
     by_test = {item.test: item for item in plan.selected}
+    assert {e.source for e in by_test[plain].evidence} >= {"ranking", "references-change"}
     (said,) = [e.reason for e in by_test[plain].evidence if e.source == "ranking"]
     assert "changed with these sources in 3 past commit(s)" in said, said  # with the first
     assert "frobnicate" in said, said
@@ -250,7 +257,7 @@ def test_plan_budgets_mandatory_and_lpt_shards(tmp_path: Path) -> None:
     for t in tests[:5]:
         scored[t].evidence.append(Evidence("candidates", "edited-by-change", 1.0, "edited"))
     selected, _, _, notes = make_plan(scored, Budget.parse("10%"), durations, 1)
-    assert len(selected) == 2 and "3 test(s) the change edits did not fit" in notes[0]
+    assert len(selected) == 2 and "3 test(s) the change edits or references did not fit" in notes[0]
     for t in tests[:5]:
         scored[t].evidence.pop()
     # never an empty plan: with no evidence at all, a safety net is selected

@@ -97,9 +97,9 @@ def _registry() -> tuple[Candidate, ...]:
 REGISTRY: tuple[Candidate, ...] = _registry()
 BASELINE = REGISTRY[0]  # history counting, whole files, no map: the plain reference
 # where nothing was measured (``choice.prior_choice``): history counting spread over the
-# files by prior numbers, each file's tests in the change's words order. On 20-commit
-# histories it beat the words blended in, whole files and the changed names
-# (bench/README.md, "The prior ranking")
+# files by prior numbers, each file's tests in the change's words order, with the tests that
+# name a changed op or function first (``candidates.prior_signals``); bench/README.md, "The
+# prior ranking", has the variants measured
 PRIOR = Candidate("history", SPREAD)
 KEYS = frozenset(c.key for c in REGISTRY)
 
