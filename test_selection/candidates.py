@@ -37,7 +37,8 @@ class Context:
 class Signal(Protocol):
     """Evidence on tests of the change: (test, why) pairs, any number per test."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def evidence(
         self, change: ChangeAnalysis, inventory: Inventory, ctx: Context
@@ -148,6 +149,20 @@ class AlwaysRun:
             pattern = next((p for p in ctx.always_run if fnmatchcase(fn.id.nodeid, p)), None)
             if pattern:
                 yield fn.id, _ev(self.name, 1.0, f"always run ({pattern})")
+
+
+@dataclass(frozen=True)
+class RankingValues:
+    """The chosen ranking's value of each universe test (``ranking/live.py``), as a signal:
+    the candidates stage reads the ranking as it reads the others."""
+
+    values: Mapping[TestId, Evidence]
+    name: str = "ranking"
+
+    def evidence(
+        self, change: ChangeAnalysis, inventory: Inventory, ctx: Context
+    ) -> Iterable[tuple[TestId, Evidence]]:
+        return self.values.items()
 
 
 def default_signals() -> list[Signal]:

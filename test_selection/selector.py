@@ -16,6 +16,7 @@ from reuse_specs.upstream_check import find_drift
 from test_selection.agents import Agent, LocalAgent, NoAgent, Review
 from test_selection.candidates import (
     Context,
+    RankingValues,
     Signal,
     collect_evidence,
     default_signals,
@@ -424,9 +425,8 @@ def _candidates(
     if signals is None:
         prior = ranking.choice is not None and not ranking.choice.measured
         signals = prior_signals() if prior else default_signals()
+    signals = [*signals, RankingValues(ranking.values)]
     evidence = collect_evidence(change, inventory, ctx.candidates, signals)
-    for test, value in ranking.values.items():
-        evidence.setdefault(test, []).append(value)
     if coverage is not None:
         choice = ranking.choice
         use = None if choice is None else choice.candidate.map_use
