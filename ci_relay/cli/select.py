@@ -95,8 +95,8 @@ def _config(
 
     if ranking == "hand":
         raise typer.BadParameter(
-            "the hand weights were retired (their signals are the rankers' now): "
-            "--ranking prior ranks without a backtest",
+            "the hand weights were retired: --ranking prior ranks without a backtest "
+            "(history counting on prior numbers, as a history too short to replay gets)",
             param_hint="--ranking",
         )
     if ranking not in RANKINGS and ranking not in KEYS:
