@@ -72,7 +72,7 @@ class SelectorConfig:
     ranking: str = "auto"
     file_weight: float = FILE_WEIGHT  # allocation.py: reaching a file vs finding its tests
     label: str | None = None  # spec entries without this label are skipped (not in the universe)
-    # a per-test coverage map (coverage_map.py): tests that executed a changed function rank
+    # a per-test coverage map (coverage/map.py): tests that executed a changed function rank
     # first inside their file and gain evidence; None ranks as before
     coverage: CoverageIndex | None = None
     # "ranked": the budget spent by the ranking, the coverage floor first; "safe": no budget,

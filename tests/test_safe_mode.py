@@ -69,6 +69,8 @@ def test_safe_mode_with_a_map_takes_every_test_that_executed_the_change(
         "tests/test_core.py::test_case_23": mapped,
     }
     assert any(n.startswith("safe mode: 3 of 42 test(s) (7.1%)") for n in plan["notes"])
+    # nothing ranks in safe mode: the map's tests carry its evidence, and the plan says so
+    assert plan["coverage"]["used"] == "evidence" and not plan["ranking"]
 
 
 def test_safe_mode_runs_everything_below_a_changed_conftest_and_all_on_new_settings(
