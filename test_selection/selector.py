@@ -62,7 +62,8 @@ class SelectorConfig:
     always_run: tuple[str, ...] = ()
     patterns: tuple[str, ...] | None = None  # None: the repository's pytest config, else defaults
     cache_dir: Path = field(default_factory=default_cache_dir)
-    signals: list[Signal] | None = None  # beside the ranking (None: candidates.default_signals)
+    # beside the ranking; None: candidates.default_signals, prior_signals on prior numbers
+    signals: list[Signal] | None = None
     history_commits: int = HISTORY_COMMITS
     # past results of this backend (the relay's): learned durations, failures, flakes
     observations: tuple[Observation, ...] = ()
