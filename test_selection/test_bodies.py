@@ -14,6 +14,7 @@ with ``::``); a ``def`` inside a function is not a test.
 from __future__ import annotations
 
 import hashlib
+import keyword
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -77,6 +78,12 @@ def diff_words(lines: Iterable[str]) -> frozenset[str]:
         if budget <= 0:
             break
     return _with_parts(words)
+
+
+def telling(words: Iterable[str]) -> list[str]:
+    """The words worth showing a reader of why a test was chosen: Python's keywords (``def``,
+    ``return``) are shared by every test and change, so a reason never names them."""
+    return [w for w in words if not keyword.iskeyword(w)]
 
 
 @dataclass(frozen=True)

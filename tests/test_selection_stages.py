@@ -226,7 +226,7 @@ def test_signals_and_the_prior_ranking_each_give_scored_reasons(
     assert {e.source for e in by_test[plain].evidence} >= {"ranking", "references-change"}
     (said,) = [e.reason for e in by_test[plain].evidence if e.source == "ranking"]
     assert "changed with these sources in 3 past commit(s)" in said, said  # with the first
-    assert "frobnicate" in said, said
+    assert "uses frobnicate from the change" in said, said  # never Python's keywords
     others = [t for t in by_test if t.file == plain.file and t != plain]
     assert others and all(by_test[plain].score > by_test[t].score for t in others)
 

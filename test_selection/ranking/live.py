@@ -23,7 +23,7 @@ from test_selection.ranking.model_replay import chance_order, reached_tests
 from test_selection.ranking.replay import buckets, ranked
 from test_selection.ranking.rules import FileSlot
 from test_selection.ranking.test_model import ChangeTerms, TestText, change_terms, file_features
-from test_selection.test_bodies import diff_words
+from test_selection.test_bodies import diff_words, telling
 from test_selection.types import Evidence, TestId
 
 AGENT_FILES = 30  # an agent that runs reorders the tests of this many top-ranked files,
@@ -134,7 +134,7 @@ def ranked_evidence(
         )
         for position, index in enumerate(within):
             fn = tests[index]
-            shared = sorted(fn.tokens & words) if word_scores[index] > 0 else []
+            shared = telling(sorted(fn.tokens & words)) if word_scores[index] > 0 else []
             detail = (
                 f"; test #{position + 1} of {n} in its file"
                 + (said[position] if said else "")

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from test_selection.ranking.history import History
 from test_selection.ranking.learned import FEATURES, Ranker, _words, features
+from test_selection.test_bodies import telling
 
 COUNTING_WINDOW = 1500  # commits of history the counting ranker looks back over
 MAX_COMMIT_FILES = 60  # larger commits (formatting sweeps, moves) say nothing about pairs
@@ -190,8 +191,9 @@ class WordsRanking:
                     score, best = value, hit
             scores[test] = score
             if explain and score > 0:
-                rare = sorted(best, key=lambda w: -weight[w])[:4]
-                reasons[test] = f"a test of it uses {', '.join(rare)}"
+                rare = sorted(telling(best), key=lambda w: -weight[w])[:4]
+                if rare:
+                    reasons[test] = f"a test of it uses {', '.join(rare)}"
         return FileScores(scores, reasons)
 
 
