@@ -10,7 +10,8 @@ co-change counts alone (whole files in that order until the size is reached).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -132,9 +133,7 @@ def evaluate(
         everything = [p.test for p in plan.selected + plan.excluded]
         picked = rng.sample(everything, min(n, len(everything)))
         report.scores["random"].add({t.file for t in picked}, truth_in, n, plan.universe_size)
-        sizes: dict[str, int] = {}
-        for item in everything:
-            sizes[item.file] = sizes.get(item.file, 0) + 1
+        sizes = Counter(t.file for t in everything)
         history = History.read(repo, parent, config.history_commits)
         for name in ("path-only", "co-change-only"):
             files = _baseline_files(name, history, sources, sizes, n)
@@ -143,7 +142,7 @@ def evaluate(
 
 
 def _baseline_files(
-    name: str, history: History, sources: set[str], sizes: dict[str, int], n: int
+    name: str, history: History, sources: set[str], sizes: Mapping[str, int], n: int
 ) -> set[str]:
     """The test files a one-signal baseline runs for ``n`` tests: by the words their paths
     share with the changed sources ("path-only") or by how often they changed with them

@@ -113,11 +113,17 @@ def _live_counts(seen: dict[str, Any]) -> dict[str, int]:
     return take_best(per_file, plan.fraction * sum(seen["inputs"].sizes.values()))
 
 
+def _replaying_every_anchor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An anchor at every commit (the live change's base is its own anchor), the newest
+    REPLAYED commits replayed."""
+    monkeypatch.setattr(choice_module, "REFIT_EVERY", 1)
+    monkeypatch.setattr(cases_module, "BACKTEST_CASES", REPLAYED)
+
+
 def test_selecting_a_commit_live_takes_what_its_replay_takes_for_every_candidate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(choice_module, "REFIT_EVERY", 1)
-    monkeypatch.setattr(cases_module, "BACKTEST_CASES", REPLAYED)
+    _replaying_every_anchor(monkeypatch)
     repo, base = _history(tmp_path)
     index = _map(base).index()
     head = repo.git("rev-parse", "HEAD")
@@ -162,8 +168,7 @@ def test_selecting_a_commit_live_takes_what_its_replay_takes_for_every_candidate
 def test_replaying_a_commit_the_backtest_does_not_replay_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(choice_module, "REFIT_EVERY", 1)
-    monkeypatch.setattr(cases_module, "BACKTEST_CASES", REPLAYED)
+    _replaying_every_anchor(monkeypatch)
     repo, base = _history(tmp_path)
     seen = _watch_live_values(monkeypatch)
     config = SelectorConfig(cache_dir=tmp_path / "cache", ranking="history/spread")
